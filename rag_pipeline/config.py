@@ -1,0 +1,45 @@
+"""Settings, read from environment variables (prefix ``RAG_``) by pydantic-settings.
+
+Every setting has a documented default here and in README.md; tests in
+``rag_pipeline_tests/test_config.py`` pin the defaults so the docs cannot drift.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Runtime configuration.
+
+    Units: sizes in characters unless named ``*_tokens`` or ``*_mb``; times in seconds.
+    ``database_url`` empty means: start the embedded PostgreSQL (see ``store.embedded``).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RAG_", extra="ignore")
+
+    database_url: str = Field(default="", description="PostgreSQL URL; empty = embedded server")
+    embedded_pg_dir: str = Field(default="", description="data directory of the embedded server")
+
+    embedding_model: str = Field(default="all-MiniLM-L6-v2", description="bundled model id or a local path")
+    embedding_bf16: str = Field(default="auto", description="auto | on | off: bfloat16 inference on CPU")
+    embedding_batch_size: int = 32
+
+    chunk_size: int = 1000
+    chunk_overlap: int = 150
+
+    max_failures: int = 3
+    deletion_max_fraction: float = 0.2
+
+    extraction_timeout_s: float = 300.0
+    extraction_memory_mb: int = 4096
+    ocr_languages: str = "eng+jpn"
+
+    expiry_days_default: int = 0
+    """Days after ``modified_at`` when a document counts as expired for queries (0 = never)."""
+
+
+def get_settings() -> Settings:
+    """Return a fresh ``Settings`` read from the current environment (never cached at import)."""
+    return Settings()

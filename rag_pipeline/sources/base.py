@@ -1,0 +1,124 @@
+"""The source interface every connector implements: inventory, change feed, fetch.
+
+A source hides its API behind three calls (see ``../shared/notes/DESIGN.md``):
+
+* ``list_documents()`` -> ``Inventory``: every document with its stable id, plus whether the
+  listing is *complete* (every page fetched, totals matched, no error). An incomplete inventory
+  never drives deletions.
+* ``changes(cursor)`` -> ``ChangeSet``: upserts and explicit deletions since an opaque cursor,
+  and the next cursor. Sources without a feed raise ``ChangeFeedUnavailable`` and the sync falls
+  back to a full inventory. The cursor is saved by the sync only after it has committed.
+* ``fetch(document)`` -> ``bytes``: the document's content (download, export or disk read).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+
+class SourceError(Exception):
+    """A source could not be listed or read. ``transient`` tells the sync whether to retry later."""
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class ListingIncompleteError(SourceError):
+    """A listing failed part-way or came up short of the total the source announced."""
+
+
+class ChangeFeedUnavailable(SourceError):
+    """The source has no change feed, or the cursor expired (e.g. HTTP 410): do a full inventory."""
+
+
+class DocumentSkipped(Exception):
+    """This document is deliberately not ingested (e.g. a ``linked_url`` Zotero attachment).
+
+    Terminal for this content: the document row ends ``permanently_failed`` with ``reason``.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SourceDocument:
+    """One document as a source lists it.
+
+    ``source_id`` is the source's stable id (a path relative to the root, a Zotero attachment key,
+    a Drive file id, a Graph drive-item id): never derived from a name or from content.
+    ``source_version`` is the source's own version/etag/mtime token, ``content_sha256`` the
+    hex SHA-256 of the bytes when the source knows it without downloading (``None`` otherwise).
+    ``size`` in bytes; ``modified_at`` timezone-aware.
+    """
+
+    source_id: str
+    title: str
+    uri: str
+    mime_type: str | None = None
+    size: int | None = None
+    modified_at: datetime | None = None
+    source_version: str | None = None
+    content_sha256: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    skip_reason: str | None = None
+    """Set when the source already knows this document cannot be ingested (kept in the inventory
+    so it is neither deleted nor silently ignored; it ends ``permanently_failed`` with this reason)."""
+
+    def replace(self, **changes: Any) -> SourceDocument:
+        """Return a copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A full listing: ``documents`` (unique by ``source_id``), whether it is ``complete``, why not,
+    and ``expected_total`` when the source announced a count (Zotero ``Total-Results``)."""
+
+    documents: list[SourceDocument]
+    complete: bool = True
+    incomplete_reason: str | None = None
+    expected_total: int | None = None
+    cursor: str | None = None
+    """A change-feed cursor valid as of this listing (e.g. Drive start page token), if any."""
+
+
+@dataclass(frozen=True)
+class ChangeSet:
+    """Changes since a cursor: ``upserts`` (new or changed documents), ``deleted_ids`` (explicit
+    tombstones from the feed), ``next_cursor`` to save after commit, and ``complete`` (every page read)."""
+
+    upserts: list[SourceDocument]
+    deleted_ids: list[str]
+    next_cursor: str
+    complete: bool = True
+    incomplete_reason: str | None = None
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the sync needs from a connector. ``name`` is unique per configured source, e.g.
+    ``local:docs`` or ``zotero:users/123``; it prefixes document identities in the index."""
+
+    name: str
+
+    def list_documents(self) -> Inventory:
+        """Return the complete listing; a failure part-way returns ``complete=False`` or raises
+        ``ListingIncompleteError``, never a silently short list."""
+        ...
+
+    def changes(self, cursor: str | None) -> ChangeSet:
+        """Return changes since ``cursor``; raise ``ChangeFeedUnavailable`` when there is no feed or
+        the cursor is no longer valid (the sync then does a full inventory and reconciliation)."""
+        ...
+
+    def fetch(self, document: SourceDocument) -> bytes:
+        """Return the bytes of ``document``; raise ``SourceError`` (transient) or
+        ``DocumentSkipped`` (terminal, with a reason)."""
+        ...
