@@ -36,8 +36,16 @@ class Settings(BaseSettings):
     extraction_memory_mb: int = 4096
     ocr_languages: str = "eng+jpn"
 
-    expiry_days_default: int = 0
-    """Days after ``modified_at`` when a document counts as expired for queries (0 = never)."""
+    expiry_days: dict[str, int] = Field(default_factory=dict)
+    """Per document type, days after ``modified_at`` when a document counts as expired and queries skip
+    it, e.g. ``RAG_EXPIRY_DAYS='{"html": 30, "*": 365}'`` (``*`` = any other type). Empty = never."""
+
+    retry_backoff_s: float = 0.0
+    """A ``failed`` document is retried on a later sync once ``retry_backoff_s * 2**(failure_count-1)``
+    seconds have passed since its last attempt (0 = on the next sync)."""
+
+    sync_batch_documents: int = 16
+    """Documents extracted before one embedding call (chunks are embedded across documents)."""
 
 
 def get_settings() -> Settings:

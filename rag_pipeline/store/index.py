@@ -1,0 +1,139 @@
+"""Read side of the index used by the sync: per-document state, cursors, runs, reuse lookups."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg.types.json import Jsonb
+
+
+@dataclass(frozen=True)
+class IndexedDocument:
+    """A ``documents`` row as the diff needs it. ``stored_chunks`` counts chunk rows of the current
+    ``version`` (the completeness check compares it with ``expected_chunk_count``)."""
+
+    id: int
+    source_id: str
+    status: str
+    version: int
+    content_sha256: str | None
+    seen_sha256: str | None
+    source_version: str | None
+    seen_source_version: str | None
+    failure_count: int
+    last_error: str | None
+    expected_chunk_count: int | None
+    stored_chunks: int
+    title: str | None
+    uri: str | None
+    mime_type: str | None
+    metadata: dict[str, Any]
+    modified_at: datetime | None
+    updated_at: datetime
+
+    @property
+    def complete(self) -> bool:
+        """Stored rows equal the expectation (and there is at least one)."""
+        return self.expected_chunk_count is not None and self.stored_chunks == self.expected_chunk_count > 0
+
+
+def load_index_state(conn: psycopg.Connection, source: str) -> dict[str, IndexedDocument]:
+    """Every top-level document of ``source`` (tombstones included), keyed by ``source_id``."""
+    rows = conn.execute(
+        """
+        SELECT d.id, d.source_id, d.status, d.version, d.content_sha256, d.seen_sha256, d.source_version,
+               d.seen_source_version, d.failure_count, d.last_error, d.expected_chunk_count,
+               COALESCE(c.n, 0), d.title, d.uri, d.mime_type, d.metadata, d.modified_at, d.updated_at
+        FROM documents d
+        LEFT JOIN (SELECT document_id, version, count(*) AS n FROM chunks GROUP BY document_id, version) c
+               ON c.document_id = d.id AND c.version = d.version
+        WHERE d.source = %s AND d.parent_id IS NULL
+        """,
+        (source,),
+    ).fetchall()
+    return {r[1]: IndexedDocument(*r) for r in rows}
+
+
+def get_cursor(conn: psycopg.Connection, source: str) -> str | None:
+    """The saved change-feed cursor of ``source``, or ``None``."""
+    row = conn.execute("SELECT cursor FROM source_cursors WHERE source = %s", (source,)).fetchone()
+    return row[0] if row else None
+
+
+def save_cursor(conn: psycopg.Connection, source: str, cursor: str) -> None:
+    """Save ``cursor`` for ``source`` (call only after the sync that used it has committed)."""
+    conn.execute(
+        """
+        INSERT INTO source_cursors (source, cursor) VALUES (%s, %s)
+        ON CONFLICT (source) DO UPDATE SET cursor = EXCLUDED.cursor, updated_at = now()
+        """,
+        (source, cursor),
+    )
+
+
+def cached_embeddings(conn: psycopg.Connection, model: str, sha256s: Sequence[str]) -> dict[str, np.ndarray]:
+    """Vectors already stored for these chunk-text hashes under ``model`` (the embedding cache):
+    ``{text_sha256: float32 vector}``; absent hashes are missing from the result."""
+    if not sha256s:
+        return {}
+    rows = conn.execute(
+        """
+        SELECT DISTINCT ON (text_sha256) text_sha256, embedding
+        FROM chunks WHERE embedding_model = %s AND text_sha256 = ANY(%s)
+        """,
+        (model, list(set(sha256s))),
+    ).fetchall()
+    return {sha: np.asarray(vec, dtype=np.float32) for sha, vec in rows}
+
+
+@dataclass(frozen=True)
+class StoredExtraction:
+    """Markdown stored for some document with the same content hash (reused instead of re-extracting)."""
+
+    markdown: str
+    mime_type: str
+    doc_type: str
+    page_count: int | None
+    char_count: int
+    stats: dict[str, Any]
+
+
+def stored_extraction(conn: psycopg.Connection, content_sha256: str) -> StoredExtraction | None:
+    """The Markdown and statistics of a completed document whose content hash is ``content_sha256``."""
+    row = conn.execute(
+        """
+        SELECT m.markdown, d.mime_type, d.doc_type, d.page_count, d.char_count, d.extraction_stats
+        FROM document_markdown m JOIN documents d ON d.id = m.document_id
+        WHERE m.content_sha256 = %s AND d.status = 'completed' AND d.content_sha256 = %s
+        LIMIT 1
+        """,
+        (content_sha256, content_sha256),
+    ).fetchone()
+    if row is None or not row[0]:
+        return None
+    return StoredExtraction(row[0], row[1] or "application/octet-stream", row[2] or "unknown", row[3],
+                            row[4] or len(row[0]), dict(row[5] or {}))
+
+
+def start_run(conn: psycopg.Connection, source: str, mode: str) -> int:
+    """Insert a ``sync_runs`` row (status ``running``) and return its id."""
+    return int(conn.execute(
+        "INSERT INTO sync_runs (source, mode) VALUES (%s, %s) RETURNING id", (source, mode)
+    ).fetchone()[0])
+
+
+def finish_run(conn: psycopg.Connection, run_id: int, *, status: str, mode: str, listed: int | None,
+               guard_passed: bool, guard_reason: str | None, counts: dict[str, Any]) -> None:
+    """Close a ``sync_runs`` row with its outcome."""
+    conn.execute(
+        """
+        UPDATE sync_runs SET finished_at = now(), status = %s, mode = %s, listed = %s, guard_passed = %s,
+               guard_reason = %s, counts = %s WHERE id = %s
+        """,
+        (status, mode, listed, guard_passed, guard_reason, Jsonb(counts), run_id),
+    )

@@ -1,0 +1,289 @@
+"""The index's write paths: the one transaction that swaps a document's version, and state changes.
+
+``replace_document`` is the only place that knows the swap (see ``../shared/notes/DESIGN.md``):
+``BEGIN``; lock the document row; write ``expected_chunk_count``; delete every chunk of the document;
+``COPY`` the new chunks in; count the rows stored for (document, new version); on a mismatch roll back
+(the previous complete version stays searchable) and raise ``IncompleteWriteError``; else set
+``version``, ``status = completed`` and the statistics; ``COMMIT``. Failures are recorded afterwards by
+``record_failure`` in a separate transaction, so the record survives the rollback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg.types.json import Jsonb
+
+from rag_pipeline.faults import checkpoint
+from rag_pipeline.sources.base import SourceDocument
+
+STATUSES = ("pending", "completed", "failed", "permanently_failed", "deleted")
+
+
+class IncompleteWriteError(RuntimeError):
+    """Rows stored for a document's new version differ from ``expected_chunk_count``; rolled back."""
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """A chunk ready to store: ``embedding`` is a float32 vector of the index dimension."""
+
+    ordinal: int
+    text: str
+    token_count: int
+    embedding: np.ndarray
+    pages: Sequence[int] = ()
+    heading_path: Sequence[str] = ()
+    metadata: Mapping[str, Any] | None = None
+
+
+def text_sha256(text: str) -> str:
+    """Hex SHA-256 of ``text`` as UTF-8: the embedding cache key (with the model id)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def chunk_id(document_id: int, version: int, ordinal: int) -> str:
+    """Stable chunk id ``"{document_id}:{version}:{ordinal}"``."""
+    return f"{document_id}:{version}:{ordinal}"
+
+
+def _json_safe(value: Any) -> Any:
+    """Strip U+0000 from every string in a JSON-like value (PostgreSQL JSONB rejects it)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, Mapping):
+        return {str(k).replace("\x00", ""): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _clean(value: str | None) -> str | None:
+    return None if value is None else value.replace("\x00", "")
+
+
+def expires_at(doc: SourceDocument, doc_type: str | None, expiry_days: Mapping[str, int]) -> datetime | None:
+    """``modified_at`` (or now) plus the per-type expiry in days (``expiry_days[doc_type]`` or
+    ``expiry_days["*"]``); ``None`` when no expiry applies."""
+    days = expiry_days.get(doc_type or "", expiry_days.get("*", 0))
+    if not days:
+        return None
+    base = doc.modified_at or datetime.now(timezone.utc)
+    return base + timedelta(days=days)
+
+
+def ensure_document(conn: psycopg.Connection, source: str, doc: SourceDocument, *, parent_id: int | None = None) -> int:
+    """Return the ``documents.id`` for (source, doc.source_id), inserting a ``pending`` row if absent."""
+    row = conn.execute(
+        """
+        INSERT INTO documents (source, source_id, parent_id, uri, title, mime_type, source_version,
+                               modified_at, metadata, last_seen_at)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now())
+        ON CONFLICT (source, source_id) DO UPDATE SET last_seen_at = now()
+        RETURNING id
+        """,
+        (source, _clean(doc.source_id), parent_id, _clean(doc.uri), _clean(doc.title), doc.mime_type,
+         doc.source_version, doc.modified_at, Jsonb(_json_safe(dict(doc.metadata)))),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def replace_document(
+    conn: psycopg.Connection,
+    document_id: int,
+    *,
+    doc: SourceDocument,
+    content_sha256: str,
+    chunks: Sequence[ChunkRow],
+    embedding_model: str,
+    mime_type: str,
+    doc_type: str,
+    char_count: int,
+    page_count: int | None,
+    stats: Mapping[str, Any],
+    markdown: str,
+    expires: datetime | None,
+) -> int:
+    """Atomically replace the document's indexed version with ``chunks``; return the new version number.
+
+    Raises ``IncompleteWriteError`` (rolled back) when the stored row count differs from ``len(chunks)``,
+    ``ValueError`` when ``chunks`` is empty (a completed document always has chunks).
+    """
+    if not chunks:
+        raise ValueError("a completed document needs at least one chunk")
+    expected = len(chunks)
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT version FROM documents WHERE id = %s FOR UPDATE", (document_id,)
+        ).fetchone()
+        if row is None:
+            raise LookupError(f"document {document_id} does not exist")
+        new_version = int(row[0]) + 1
+        conn.execute(
+            "UPDATE documents SET expected_chunk_count = %s, updated_at = now() WHERE id = %s",
+            (expected, document_id),
+        )
+        conn.execute("DELETE FROM chunks WHERE document_id = %s", (document_id,))
+        checkpoint("write.after_delete")
+        with conn.cursor() as cur:
+            with cur.copy(
+                "COPY chunks (id, document_id, version, ordinal, text, text_sha256, embedding, "
+                "embedding_model, token_count, pages, heading_path, metadata) FROM STDIN WITH (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(["text", "int8", "int4", "int4", "text", "text", "vector", "text", "int4",
+                                "int4[]", "text[]", "jsonb"])
+                for c in chunks:
+                    copy.write_row((
+                        chunk_id(document_id, new_version, c.ordinal), document_id, new_version, c.ordinal,
+                        c.text, text_sha256(c.text), np.asarray(c.embedding, dtype=np.float32),
+                        embedding_model, c.token_count, list(c.pages), [h.replace("\x00", "") for h in c.heading_path],
+                        Jsonb(_json_safe(dict(c.metadata or {}))),
+                    ))
+        checkpoint("write.after_insert")
+        stored = conn.execute(
+            "SELECT count(*) FROM chunks WHERE document_id = %s AND version = %s", (document_id, new_version)
+        ).fetchone()[0]
+        if stored != expected:
+            raise IncompleteWriteError(
+                f"stored {stored} chunk rows for version {new_version}, expected {expected}"
+            )
+        conn.execute(
+            """
+            INSERT INTO document_markdown (document_id, version, content_sha256, markdown)
+            VALUES (%s, %s, %s, %s)
+            ON CONFLICT (document_id) DO UPDATE
+              SET version = EXCLUDED.version, content_sha256 = EXCLUDED.content_sha256,
+                  markdown = EXCLUDED.markdown, created_at = now()
+            """,
+            (document_id, new_version, content_sha256, markdown.replace("\x00", "")),
+        )
+        conn.execute(
+            """
+            UPDATE documents SET
+              version = %s, status = 'completed', failure_count = 0, last_error = NULL,
+              content_sha256 = %s, seen_sha256 = %s, source_version = %s, seen_source_version = %s,
+              uri = %s, title = %s, mime_type = %s, doc_type = %s, modified_at = %s, expires_at = %s,
+              chunk_count = %s, char_count = %s, page_count = %s, extraction_stats = %s, metadata = %s,
+              ingested_at = now(), ready_at = now(), deleted_at = NULL, updated_at = now()
+            WHERE id = %s
+            """,
+            (new_version, content_sha256, content_sha256, doc.source_version, doc.source_version,
+             _clean(doc.uri), _clean(doc.title), mime_type, doc_type, doc.modified_at, expires,
+             stored, char_count, page_count, Jsonb(_json_safe(dict(stats))),
+             Jsonb(_json_safe(dict(doc.metadata))), document_id),
+        )
+        checkpoint("write.before_commit")
+    return new_version
+
+
+def record_failure(
+    conn: psycopg.Connection,
+    document_id: int,
+    *,
+    reason: str,
+    terminal: bool,
+    max_failures: int,
+    seen_sha256: str | None,
+    seen_source_version: str | None,
+    mime_type: str | None = None,
+    doc_type: str | None = None,
+) -> tuple[str, int]:
+    """Record a failed attempt in its own transaction; return ``(status, failure_count)``.
+
+    ``terminal`` (deterministic content error) -> ``permanently_failed`` at once. Otherwise
+    ``failure_count + 1`` and ``failed``, or ``permanently_failed`` when it reaches ``max_failures``.
+    The previous complete version's chunks are left untouched (still searchable).
+    """
+    with conn.transaction():
+        row = conn.execute(
+            """
+            UPDATE documents SET
+              failure_count = CASE WHEN %(terminal)s THEN failure_count ELSE failure_count + 1 END,
+              status = CASE WHEN %(terminal)s OR failure_count + 1 >= %(max)s
+                            THEN 'permanently_failed' ELSE 'failed' END,
+              last_error = %(reason)s, seen_sha256 = %(sha)s, seen_source_version = %(sv)s,
+              mime_type = COALESCE(%(mime)s, mime_type), doc_type = COALESCE(%(dt)s, doc_type),
+              deleted_at = NULL, updated_at = now()
+            WHERE id = %(id)s
+            RETURNING status, failure_count
+            """,
+            {"terminal": terminal, "max": max_failures, "reason": _clean(reason)[:2000], "sha": seen_sha256,
+             "sv": seen_source_version, "mime": mime_type, "dt": doc_type, "id": document_id},
+        ).fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1])
+
+
+def update_metadata(conn: psycopg.Connection, document_id: int, doc: SourceDocument, *, expires: datetime | None) -> None:
+    """Rename/move/metadata change with identical content: update the row only, chunks untouched."""
+    conn.execute(
+        """
+        UPDATE documents SET uri = %s, title = %s, source_version = %s, seen_source_version = %s,
+               modified_at = COALESCE(%s, modified_at), metadata = %s, expires_at = %s, updated_at = now()
+        WHERE id = %s
+        """,
+        (_clean(doc.uri), _clean(doc.title), doc.source_version, doc.source_version, doc.modified_at,
+         Jsonb(_json_safe(dict(doc.metadata))), expires, document_id),
+    )
+
+
+def mark_deleted(conn: psycopg.Connection, document_ids: Sequence[int]) -> int:
+    """Tombstone documents: remove their chunks and Markdown, set ``deleted``/``deleted_at`` (one
+    transaction); return how many rows were tombstoned. Children (e-mail attachments) go with them."""
+    if not document_ids:
+        return 0
+    ids = list(document_ids)
+    with conn.transaction():
+        ids = [r[0] for r in conn.execute(
+            """
+            WITH RECURSIVE tree AS (
+              SELECT id FROM documents WHERE id = ANY(%s)
+              UNION SELECT d.id FROM documents d JOIN tree t ON d.parent_id = t.id
+            ) SELECT id FROM tree
+            """, (ids,)).fetchall()]
+        conn.execute("DELETE FROM chunks WHERE document_id = ANY(%s)", (ids,))
+        conn.execute("DELETE FROM document_markdown WHERE document_id = ANY(%s)", (ids,))
+        cur = conn.execute(
+            """
+            UPDATE documents SET status = 'deleted', deleted_at = now(), chunk_count = 0,
+                   expected_chunk_count = 0, updated_at = now()
+            WHERE id = ANY(%s) AND status <> 'deleted'
+            """,
+            (ids,),
+        )
+        return cur.rowcount
+
+
+def log_ingest(
+    conn: psycopg.Connection,
+    *,
+    run_id: int | None,
+    document_id: int | None,
+    source: str,
+    source_id: str,
+    action: str,
+    status: str | None,
+    reason: str | None = None,
+    version: int | None = None,
+    char_count: int | None = None,
+    chunk_count: int | None = None,
+    embedded_count: int | None = None,
+    duration_ms: int | None = None,
+) -> None:
+    """Append one ``ingest_log`` row (one per document per run)."""
+    conn.execute(
+        """
+        INSERT INTO ingest_log (run_id, document_id, source, source_id, version, action, status, reason,
+                                char_count, chunk_count, embedded_count, duration_ms)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        """,
+        (run_id, document_id, source, _clean(source_id), version, action, status, _clean(reason),
+         char_count, chunk_count, embedded_count, duration_ms),
+    )
