@@ -23,13 +23,6 @@ class IndexConfigurationError(RuntimeError):
     """The index was created for another embedding model or dimension than the one configured."""
 
 
-def _sqlalchemy_url(url: str) -> str:
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
-    return url
-
-
 def migrate(url: str, *, embedding_dimension: int, embedding_model: str) -> None:
     """Bring the schema at ``url`` to the newest Alembic revision (idempotent, concurrency-safe).
 
@@ -41,7 +34,9 @@ def migrate(url: str, *, embedding_dimension: int, embedding_model: str) -> None
     from alembic import command
     from alembic.config import Config
 
-    engine = sa.create_engine(_sqlalchemy_url(url), poolclass=sa.pool.NullPool)
+    # ``creator`` lets any libpq connection string through (URLs and ``key=value`` forms alike).
+    engine = sa.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(url),
+                              poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
