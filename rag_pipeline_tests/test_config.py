@@ -1,0 +1,22 @@
+"""The documented defaults (README's configuration table) are the code's defaults."""
+
+from rag_pipeline.config import Settings
+
+
+def test_documented_defaults(monkeypatch):
+    for var in list(__import__("os").environ):
+        if var.startswith("RAG_"):
+            monkeypatch.delenv(var)
+    s = Settings()
+    assert (s.database_url, s.embedding_model, s.embedding_bf16, s.embedding_batch_size) == (
+        "", "all-MiniLM-L6-v2", "auto", 32)
+    assert (s.chunk_size, s.chunk_overlap, s.max_failures, s.deletion_max_fraction) == (1000, 150, 3, 0.2)
+    assert (s.extraction_timeout_s, s.extraction_memory_mb, s.ocr_languages) == (300.0, 4096, "eng+jpn")
+    assert (s.expiry_days, s.retry_backoff_s, s.sync_batch_documents) == ({}, 0.0, 16)
+
+
+def test_environment_overrides(monkeypatch):
+    monkeypatch.setenv("RAG_EXPIRY_DAYS", '{"html": 30}')
+    monkeypatch.setenv("RAG_DELETION_MAX_FRACTION", "0.5")
+    s = Settings()
+    assert s.expiry_days == {"html": 30} and s.deletion_max_fraction == 0.5
