@@ -1,0 +1,807 @@
+"""Zotero source: a user or group library read through the Zotero Web API v3 with ``pyzotero``.
+
+**Documents.** One document per attachment *file*: ``source_id`` is the attachment's item key.
+Regular (top-level) items are not documents themselves; their title, creators, year, DOI, tags and
+collections become the ``metadata`` of each of their attachments. Notes and annotations are not
+ingested. A top-level attachment without a parent is its own parent.
+
+**Link modes.** ``imported_file`` and ``imported_url`` are downloaded through
+``GET <library>/items/<key>/file``. ``linked_file`` is read from disk: the path Zotero recorded is
+mapped with ``path_prefix_map`` (a Windows drive path to a POSIX mount, longest prefix first, case-
+insensitive for Windows paths), ``attachments:<relative>`` paths are taken relative to
+``linked_files_root``, and the result must lie under ``linked_files_root`` or one of the mapping
+targets (a library entry must not make the pipeline read ``/etc/passwd``); otherwise the document
+carries ``skip_reason`` ``"linked file not reachable: ..."``. ``linked_url``, ``embedded_image`` and
+any unknown link mode are listed with a ``skip_reason`` too, never dropped and never a crash.
+Whether the bytes really are what ``contentType`` claims is for the extraction layer to check.
+
+**Inventory.** ``GET <library>/items`` paged at ``page_size`` (max 100) until ``Total-Results`` is
+reached; a page that fails, a listing that comes up short of ``Total-Results`` or a library whose
+``Last-Modified-Version`` moves between pages gives ``Inventory(complete=False)``, which never drives
+deletions. ``Inventory.cursor`` is the watermark the listing was read at; ``expected_total`` counts
+API items (notes and parents included), not documents.
+
+**Change feed.** The cursor is the library's ``Last-Modified-Version`` (with the library and API URL,
+so a cursor from another library or server is never reused). ``changes(cursor)`` sends
+``If-Modified-Since-Version`` (pyzotero cannot send that header, so this one request goes straight
+through the same HTTP client): ``304`` means *nothing changed*. Otherwise it reads the changed item
+keys (``since=``, ``format=versions``, ``includeTrashed=1``), ``/deleted?since=``, the changed items
+themselves, the children of changed parents (a renamed parent re-issues its attachments with new
+metadata; a trashed parent deletes them) and the parents of changed attachments. Every item key in
+``/deleted`` is returned in ``deleted_ids``: Zotero logs an erased parent's child items there too, and
+keys that are not documents match nothing. A missing, foreign or unparsable cursor, a server that
+rejects ``since`` (4xx) or a library version lower than the cursor's (a reset library) raises
+``ChangeFeedUnavailable``, so the sync does a full listing and reconciliation.
+
+**Versions.** ``source_version`` is the attachment item's version (it changes when the file is
+replaced), plus ``":<mtime_ns>:<size>"`` or ``":unreachable"`` for linked files, so a linked file that
+appears on the mount or is edited there is processed again. A parent's change (title, tags, ...)
+changes only ``metadata`` (``item_version`` in it), which the sync applies without re-embedding. A
+linked file edited on disk changes no Zotero version: the change feed does not see it, a full
+listing does.
+
+**HTTP.** Every request has a timeout (``timeout_s``). ``429``, ``500``, ``502``, ``503``, ``504`` and
+transport errors (timeouts, refused connections) are retried with tenacity up to ``max_attempts``
+times, waiting what ``Retry-After``/``Backoff`` ask for (or exponentially without them), each wait
+capped at ``max_wait_s``; a ``Backoff`` header on a successful answer delays the next request the
+same way. The API key goes in the ``Authorization`` header only and is never logged or put in an
+error message or ``repr``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+import pyzotero
+import tenacity
+
+from rag_pipeline.sources.base import (
+    ChangeFeedUnavailable,
+    ChangeSet,
+    DocumentSkipped,
+    Inventory,
+    ListingIncompleteError,
+    SourceDocument,
+    SourceError,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_API_URL = "https://api.zotero.org"
+"""The public Zotero Web API; ``ZOTERO_API_URL`` or ``api_url`` replace it (self-hosted, local API, tests)."""
+
+LINKED_NOT_REACHABLE = "linked file not reachable"
+"""Prefix of the ``skip_reason`` of a ``linked_file`` attachment that cannot be read."""
+
+FETCHED_LINK_MODES = frozenset({"imported_file", "imported_url"})
+"""Link modes whose file is stored by Zotero and downloaded through ``/items/<key>/file``."""
+
+_LIBRARY_RE = re.compile(r"^(users|groups)/(\d+)$")
+_CURSOR_FORMAT = 1
+_KEY_BATCH = 50  # the API's limit for itemKey=
+_MAX_PAGE = 100  # the API's limit for limit=
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_SKIPPED_ITEM_TYPES = frozenset({"note", "annotation"})
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+_YEAR_RE = re.compile(r"\b(\d{4})\b")
+_DOI_EXTRA_RE = re.compile(r"^\s*DOI:\s*(\S+)", re.IGNORECASE | re.MULTILINE)
+_WINDOWS_PATH_RE = re.compile(r"^(?:[A-Za-z]:[\\/]|\\\\|//)")
+
+
+# --------------------------------------------------------------------------------------------------
+# HTTP: timeouts, bounded retries and Backoff/Retry-After, below pyzotero
+# --------------------------------------------------------------------------------------------------
+
+
+class _RetryableStatus(Exception):
+    """An answer worth retrying (429/5xx). ``delay_s`` is what the server asked for, if anything."""
+
+    def __init__(self, status: int, delay_s: float | None, path: str) -> None:
+        super().__init__(status, delay_s, path)
+        self.status = status
+        self.delay_s = delay_s
+        self.path = path
+        self.attempts: int | None = None  # set when the retries are used up
+
+    def __str__(self) -> str:
+        asked = f"; server asked to wait {self.delay_s:g} s" if self.delay_s is not None else ""
+        tries = f" after {self.attempts} attempts" if self.attempts else ""
+        return f"HTTP {self.status} for {self.path}{tries}{asked}"
+
+
+def server_delay_s(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
+    """Seconds the server asks the client to wait: the larger of ``Backoff`` and ``Retry-After``.
+
+    ``Retry-After`` may be delay-seconds or an HTTP date (RFC 9110); ``Backoff`` is seconds (Zotero).
+    Returns ``None`` when neither header is present or parseable; never negative.
+    """
+    delays: list[float] = []
+    for name in ("backoff", "retry-after"):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        raw = raw.strip()
+        try:
+            delays.append(max(0.0, float(raw)))
+            continue
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            continue
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        delays.append(max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds()))
+    return max(delays) if delays else None
+
+
+class _RetryingTransport(httpx2.BaseTransport):
+    """An httpx2 transport that adds a timeout to every request and retries, with tenacity, answers
+    in ``_RETRY_STATUSES`` and transport errors, honouring ``Retry-After``/``Backoff`` (capped at
+    ``max_wait_s``). After ``max_attempts`` it raises the last error, which pyzotero does not catch,
+    so pyzotero's own uncapped rate-limit sleeping never runs; the headers it would act on are removed
+    from answers this transport has already honoured."""
+
+    def __init__(self, inner: httpx2.BaseTransport, *, timeout_s: float, max_attempts: int,
+                 max_wait_s: float) -> None:
+        self._inner = inner
+        self._timeout = httpx2.Timeout(timeout_s).as_dict()
+        self._max_attempts = max_attempts
+        self._max_wait_s = max_wait_s
+        self._not_before = 0.0  # monotonic time before which no request is sent (Backoff on a 2xx)
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.extensions = {**request.extensions, "timeout": self._timeout}
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self._max_attempts),
+            wait=self._wait_s,
+            retry=tenacity.retry_if_exception_type((_RetryableStatus, httpx2.TransportError)),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            return retrying(self._send_once, request)
+        except _RetryableStatus as exc:
+            exc.attempts = self._max_attempts
+            raise
+
+    def _send_once(self, request: httpx2.Request) -> httpx2.Response:
+        pause = self._not_before - time.monotonic()
+        if pause > 0:
+            log.info("Zotero API asked for backoff: waiting %.2f s before %s", pause, request.url.path)
+            time.sleep(pause)
+        response = self._inner.handle_request(request)
+        delay = server_delay_s(response.headers)
+        if response.status_code in _RETRY_STATUSES:
+            response.read()
+            response.close()
+            raise _RetryableStatus(response.status_code, delay, request.url.path)
+        if delay is not None:
+            self._not_before = time.monotonic() + min(delay, self._max_wait_s)
+        for name in ("Backoff", "Retry-After"):  # honoured here; pyzotero would wait again, uncapped
+            if name in response.headers:
+                del response.headers[name]
+        return response
+
+    def _wait_s(self, state: tenacity.RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome else None
+        if isinstance(error, _RetryableStatus) and error.delay_s is not None:
+            return min(error.delay_s, self._max_wait_s)
+        return min(0.5 * 2 ** (state.attempt_number - 1), self._max_wait_s)
+
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        log.warning("Zotero API: %s; attempt %d of %d, retrying in %.2f s", error,
+                    state.attempt_number, self._max_attempts, state.upcoming_sleep)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Linked files
+# --------------------------------------------------------------------------------------------------
+
+
+def parse_path_prefix_map(text: str | None) -> dict[str, str]:
+    """Parse ``RAG_ZOTERO_PATH_MAP``: ``"C:\\Papers=/mnt/nas/papers;D:\\X=/mnt/x"`` ->
+    ``{"C:\\Papers": "/mnt/nas/papers", "D:\\X": "/mnt/x"}``.
+
+    Entries are separated by ``;`` and split at the *last* ``=`` (so ``\\\\nas\\share=/mnt/share``
+    works); blank entries are ignored. Raises ``ValueError`` naming an entry without ``=`` or with an
+    empty side.
+    """
+    result: dict[str, str] = {}
+    for entry in (text or "").split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        prefix, sep, target = entry.rpartition("=")
+        if not sep or not prefix.strip() or not target.strip():
+            raise ValueError(f"RAG_ZOTERO_PATH_MAP entry {entry!r} is not '<recorded prefix>=<local path>'")
+        result[prefix.strip()] = target.strip()
+    return result
+
+
+def _split_recorded(path: str) -> list[str]:
+    """Components of a path recorded on any OS (``\\`` and ``/`` both separate)."""
+    return [part for part in re.split(r"[\\/]+", path) if part]
+
+
+@dataclass(frozen=True)
+class LinkedFileResolver:
+    """Maps a ``linked_file`` path recorded by Zotero (possibly on another machine) to a local file.
+
+    ``root``: the configured mount (``RAG_ZOTERO_LINKED_ROOT``), also the base of Zotero's
+    ``attachments:<relative path>`` form. ``prefix_map``: recorded prefix -> local directory.
+    A resolved file must lie, after following symlinks, under ``root`` or a mapping target.
+    """
+
+    root: Path | None = None
+    prefix_map: Mapping[str, str] = field(default_factory=dict)
+
+    def resolve(self, recorded: str) -> tuple[Path | None, str | None]:
+        """Return ``(path, None)`` for a readable regular file, else ``(None, reason)`` where reason
+        starts with ``"linked file not reachable"``."""
+        allowed = [Path(p).resolve() for p in ([self.root] if self.root else [])]
+        allowed += [Path(t).resolve() for t in self.prefix_map.values()]
+        if not allowed:
+            return None, f"{LINKED_NOT_REACHABLE}: no RAG_ZOTERO_LINKED_ROOT or RAG_ZOTERO_PATH_MAP configured"
+        candidate = self._map(recorded)
+        if candidate is None:
+            return None, f"{LINKED_NOT_REACHABLE}: no path mapping for {recorded}"
+        try:
+            real = candidate.resolve()
+        except (OSError, RuntimeError) as exc:
+            return None, f"{LINKED_NOT_REACHABLE}: {candidate} ({exc.__class__.__name__})"
+        if not any(real == base or real.is_relative_to(base) for base in allowed):
+            return None, f"{LINKED_NOT_REACHABLE}: {candidate} is outside the configured roots"
+        if not real.is_file() or not os.access(real, os.R_OK):
+            return None, f"{LINKED_NOT_REACHABLE}: {candidate} does not exist or cannot be read"
+        return real, None
+
+    def _map(self, recorded: str) -> Path | None:
+        recorded = recorded.strip()
+        if recorded.startswith("attachments:"):
+            if self.root is None:
+                return None
+            return self.root.joinpath(*_split_recorded(recorded[len("attachments:"):]))
+        parts = _split_recorded(recorded)
+        windows = bool(_WINDOWS_PATH_RE.match(recorded))
+        best: tuple[int, str] | None = None
+        for prefix, target in self.prefix_map.items():
+            pparts = _split_recorded(prefix)
+            if not pparts or len(pparts) > len(parts):
+                continue
+            head = parts[: len(pparts)]
+            same = ([a.casefold() for a in head] == [b.casefold() for b in pparts]) if (
+                windows or _WINDOWS_PATH_RE.match(prefix)) else head == pparts
+            if same and (best is None or len(pparts) > best[0]):
+                best = (len(pparts), target)
+        if best is not None:
+            return Path(best[1]).joinpath(*parts[best[0]:])
+        if not windows and PurePosixPath(recorded).is_absolute():
+            return Path(recorded)
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Item JSON -> document
+# --------------------------------------------------------------------------------------------------
+
+
+def _data(item: Mapping[str, Any]) -> dict[str, Any]:
+    data = item.get("data") if isinstance(item, Mapping) else None
+    return data if isinstance(data, dict) else {}
+
+
+def _key(item: Mapping[str, Any]) -> str | None:
+    key = item.get("key") if isinstance(item, Mapping) else None
+    key = key or _data(item).get("key")
+    return str(key) if key else None
+
+
+def _version(item: Mapping[str, Any]) -> int:
+    try:
+        return int(item.get("version", _data(item).get("version", 0)) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _trashed(item: Mapping[str, Any]) -> bool:
+    return bool(_data(item).get("deleted"))
+
+
+def _item_type(item: Mapping[str, Any]) -> str:
+    return str(_data(item).get("itemType") or "")
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _year(item: Mapping[str, Any]) -> int | None:
+    meta = item.get("meta") if isinstance(item.get("meta"), dict) else {}
+    for text in (meta.get("parsedDate"), _data(item).get("date")):
+        if isinstance(text, str) and (match := _YEAR_RE.search(text)) and int(match[1]) > 0:
+            return int(match[1])
+    return None
+
+
+def _doi(data: Mapping[str, Any]) -> str | None:
+    raw = data.get("DOI")
+    if not (isinstance(raw, str) and raw.strip()):
+        match = _DOI_EXTRA_RE.search(data.get("extra") or "") if isinstance(data.get("extra"), str) else None
+        raw = match[1] if match else None
+    if not raw:
+        return None
+    doi = re.sub(r"^(?:https?://(?:dx\.)?doi\.org/|doi:\s*)", "", raw.strip(), flags=re.IGNORECASE)
+    return doi or None
+
+
+def _creators(data: Mapping[str, Any]) -> list[dict[str, str]]:
+    result = []
+    for creator in data.get("creators") or []:
+        if not isinstance(creator, dict):
+            continue
+        name = creator.get("name") or ", ".join(
+            str(p) for p in (creator.get("lastName"), creator.get("firstName")) if p)
+        if name:
+            result.append({"type": str(creator.get("creatorType") or ""), "name": str(name)})
+    return result
+
+
+def _tags(*datas: Mapping[str, Any]) -> list[str]:
+    seen: dict[str, None] = {}
+    for data in datas:
+        for tag in data.get("tags") or []:
+            text = tag.get("tag") if isinstance(tag, dict) else tag
+            if isinstance(text, str) and text:
+                seen.setdefault(text, None)
+    return list(seen)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None
+
+
+# --------------------------------------------------------------------------------------------------
+# The source
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pages:
+    """What a paged listing returned: items by key (last wins), the announced total, the library
+    versions seen, how many pages were read and the error that stopped it, if any."""
+
+    items: dict[str, dict[str, Any]] = field(default_factory=dict)
+    received: int = 0
+    total: int | None = None
+    versions: list[int] = field(default_factory=list)
+    pages: int = 0
+    failure: SourceError | None = None
+
+    @property
+    def error(self) -> str | None:
+        """The failure's message, if the listing stopped early."""
+        return str(self.failure) if self.failure else None
+
+    def problem(self) -> str | None:
+        """Why this listing cannot be trusted as complete, or ``None``."""
+        if self.error:
+            return f"listing incomplete: {self.error}"
+        if self.total is None:
+            return "the server sent no Total-Results header"
+        if self.received < self.total:
+            return f"listing came up short: {self.received} of {self.total} items (Total-Results)"
+        if len(set(self.versions)) > 1:
+            return (f"the library changed during the listing (Last-Modified-Version "
+                    f"{self.versions[0]} -> {self.versions[-1]})")
+        return None
+
+
+class ZoteroSource:
+    """A Zotero user or group library as a ``Source`` (see the module docstring for the rules).
+
+    ``library``: ``"users/<id>"`` or ``"groups/<id>"`` (``ValueError`` otherwise). ``api_key``: the
+    Zotero API key (``None`` for public libraries and the local API). ``api_url``: the API base URL,
+    default ``https://api.zotero.org``; ``http://127.0.0.1:23119/api`` selects Zotero 7's local API.
+    ``linked_files_root``: the mount holding ``linked_file`` attachments. ``path_prefix_map``:
+    recorded path prefix -> local directory. ``name``: defaults to ``"zotero:<library>"``.
+    ``timeout_s``: per request (seconds). ``max_attempts``: tries per request (>= 1) for 429/5xx and
+    transport errors. ``max_wait_s``: cap on each wait between tries (seconds). ``page_size``: items
+    per listing page (1-100).
+
+    Not safe for concurrent use from several threads without its internal lock: every API call holds
+    it, so calls are serialised.
+    """
+
+    def __init__(self, library: str, *, api_key: str | None = None, api_url: str | None = None,
+                 linked_files_root: str | os.PathLike[str] | None = None,
+                 path_prefix_map: Mapping[str, str | os.PathLike[str]] | None = None,
+                 name: str | None = None, timeout_s: float = 30.0, max_attempts: int = 5,
+                 max_wait_s: float = 60.0, page_size: int = _MAX_PAGE) -> None:
+        match = _LIBRARY_RE.match((library or "").strip().strip("/"))
+        if not match:
+            raise ValueError(f"Zotero library must look like 'users/<id>' or 'groups/<id>', got {library!r}")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if not 1 <= page_size <= _MAX_PAGE:
+            raise ValueError(f"page_size must be between 1 and {_MAX_PAGE}")
+        self.library = f"{match[1]}/{match[2]}"
+        self.library_type = "user" if match[1] == "users" else "group"
+        self.library_id = match[2]
+        self.name = name or f"zotero:{self.library}"
+        self.api_url = (api_url or DEFAULT_API_URL).strip().rstrip("/")
+        parts = urlsplit(self.api_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"Zotero API URL must be an http(s) URL, got {self.api_url!r}")
+        loopback = parts.hostname in _LOOPBACK_HOSTS
+        self.local_api = loopback and parts.path.rstrip("/") == "/api"
+        self.page_size = page_size
+        self.resolver = LinkedFileResolver(
+            root=Path(linked_files_root).expanduser() if linked_files_root else None,
+            prefix_map={str(k): str(v) for k, v in (path_prefix_map or {}).items()},
+        )
+        self._lock = threading.RLock()
+        transport = _RetryingTransport(httpx2.HTTPTransport(trust_env=not loopback), timeout_s=timeout_s,
+                                       max_attempts=max_attempts, max_wait_s=max_wait_s)
+        self._client = httpx2.Client(transport=transport, follow_redirects=True, timeout=timeout_s,
+                                     trust_env=not loopback)
+        self._zot = pyzotero.Zotero(self.library_id, self.library_type, api_key, client=self._client,
+                                  local=self.local_api)
+        self._zot.endpoint = self.api_url
+
+    @classmethod
+    def from_env(cls, library: str, *, name: str | None = None,
+                 environ: Mapping[str, str] | None = None, **options: Any) -> ZoteroSource:
+        """Build from the environment: ``ZOTERO_API_KEY``, ``ZOTERO_API_URL`` (default the public API),
+        ``RAG_ZOTERO_LINKED_ROOT`` and ``RAG_ZOTERO_PATH_MAP`` (see ``parse_path_prefix_map``).
+        ``environ`` defaults to ``os.environ``; ``options`` go to the constructor (``timeout_s``, ...)."""
+        env = os.environ if environ is None else environ
+        return cls(
+            library,
+            api_key=env.get("ZOTERO_API_KEY") or None,
+            api_url=env.get("ZOTERO_API_URL") or None,
+            linked_files_root=env.get("RAG_ZOTERO_LINKED_ROOT") or None,
+            path_prefix_map=parse_path_prefix_map(env.get("RAG_ZOTERO_PATH_MAP")),
+            name=name,
+            **options,
+        )
+
+    def __repr__(self) -> str:
+        return f"ZoteroSource(name={self.name!r}, api_url={self.api_url!r})"
+
+    def close(self) -> None:
+        """Close the HTTP connections."""
+        self._client.close()
+
+    # ---------------------------------------------------------------- cursor
+
+    def _cursor(self, version: int) -> str:
+        return json.dumps({"format": _CURSOR_FORMAT, "library": self.library, "api": self.api_url,
+                           "version": version}, sort_keys=True, separators=(",", ":"))
+
+    def _cursor_version(self, cursor: str | None) -> int:
+        if not cursor:
+            raise ChangeFeedUnavailable("no Zotero version watermark stored yet: full listing needed")
+        try:
+            parsed = json.loads(cursor)
+            version = int(parsed["version"])
+            ok = (parsed.get("format") == _CURSOR_FORMAT and parsed.get("library") == self.library
+                  and parsed.get("api") == self.api_url and version >= 0)
+        except (ValueError, TypeError, KeyError):
+            raise ChangeFeedUnavailable("unreadable Zotero cursor: full listing needed") from None
+        if not ok:
+            raise ChangeFeedUnavailable("the cursor belongs to another Zotero library or API URL: full listing needed")
+        return version
+
+    # ---------------------------------------------------------------- HTTP plumbing
+
+    def _error(self, what: str, exc: BaseException) -> SourceError:
+        """A ``SourceError`` for a failed call; never carries request headers (the key)."""
+        transient = not isinstance(exc, (pyzotero.UserNotAuthorisedError, pyzotero.ResourceNotFoundError,
+                                         pyzotero.UnsupportedParamsError))
+        if isinstance(exc, pyzotero.PyZoteroError):
+            detail = " ".join(str(exc).split())  # pyzotero: code, URL, method, body (no headers)
+        else:
+            detail = f"{exc.__class__.__name__}: {exc}"
+        return SourceError(f"Zotero {what} failed: {detail[:400]}", transient=transient)
+
+    def _last_header_int(self, name: str) -> int | None:
+        value = self._zot.request.headers.get(name) if self._zot.request is not None else None
+        try:
+            return int(value) if value is not None else None
+        except ValueError:
+            return None
+
+    def _pages(self, first: Callable[[], Any]) -> _Pages:
+        """Read a paged pyzotero listing to the end (following ``Link: rel="next"``)."""
+        result = _Pages()
+        try:
+            page = first()
+            while True:
+                result.pages += 1
+                if not isinstance(page, list):
+                    raise SourceError(f"expected a JSON list, got {type(page).__name__}")
+                if result.total is None:
+                    result.total = self._last_header_int("Total-Results")
+                version = self._last_header_int("Last-Modified-Version")
+                if version is not None:
+                    result.versions.append(version)
+                for item in page:
+                    result.received += 1
+                    if (key := _key(item)) is not None:
+                        result.items[key] = item
+                if not (self._zot.links and self._zot.links.get("next")):
+                    break
+                page = self._zot.follow()
+        except (pyzotero.PyZoteroError, httpx2.HTTPError, _RetryableStatus, SourceError, ValueError) as exc:
+            result.failure = self._error(f"page {result.pages + 1} of the listing", exc)
+        return result
+
+    def _items_by_key(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Fetch items (trashed ones included) by key, 50 per request; absent keys are left out."""
+        found: dict[str, dict[str, Any]] = {}
+        ordered = sorted(set(keys))
+        for start in range(0, len(ordered), _KEY_BATCH):
+            batch = ordered[start:start + _KEY_BATCH]
+            pages = self._pages(lambda b=batch: self._zot.items(
+                itemKey=",".join(b), includeTrashed=1, limit=_KEY_BATCH))
+            if pages.error or (pages.total is not None and pages.received < pages.total):
+                raise ListingIncompleteError(f"fetching changed Zotero items: {pages.problem()}")
+            found.update(pages.items)
+        return found
+
+    def _children(self, key: str) -> dict[str, dict[str, Any]]:
+        pages = self._pages(lambda: self._zot.children(key, includeTrashed=1, limit=self.page_size))
+        if pages.error or (pages.total is not None and pages.received < pages.total):
+            raise ListingIncompleteError(f"listing the children of Zotero item {key}: {pages.problem()}")
+        return pages.items
+
+    # ---------------------------------------------------------------- documents
+
+    def _uri(self, key: str) -> str:
+        if self.library_type == "user":
+            return f"zotero://select/library/items/{key}"
+        return f"zotero://select/groups/{self.library_id}/items/{key}"
+
+    def _to_document(self, attachment: Mapping[str, Any], parent: Mapping[str, Any]) -> SourceDocument:
+        """The document for one attachment item, with its parent item's bibliographic metadata."""
+        data, pdata = _data(attachment), _data(parent)
+        key = _key(attachment) or ""
+        mode = data.get("linkMode")
+        version = str(_version(attachment))
+        size = None
+        enclosure = (attachment.get("links") or {}).get("enclosure") if isinstance(attachment.get("links"), dict) else None
+        if isinstance(enclosure, dict) and isinstance(enclosure.get("length"), int):
+            size = enclosure["length"]
+        modified_at = _parse_time(data.get("dateModified"))
+        skip_reason = None
+        if mode in FETCHED_LINK_MODES:
+            pass
+        elif mode == "linked_file":
+            path, skip_reason = self.resolver.resolve(str(data.get("path") or ""))
+            if path is not None:
+                stat = path.stat()
+                size, version = stat.st_size, f"{version}:{stat.st_mtime_ns}:{stat.st_size}"
+                modified_at = datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc)
+            else:
+                version = f"{version}:unreachable"
+        elif mode == "linked_url":
+            skip_reason = "Zotero linked_url attachment: a link to a web page, no file is stored"
+        elif mode == "embedded_image":
+            skip_reason = "Zotero embedded_image attachment: an image inside a note, not a document"
+        else:
+            skip_reason = f"unknown Zotero attachment link mode {mode!r}: not ingested"
+        parent_title = _str_or_none(pdata.get("title"))
+        metadata: dict[str, Any] = {
+            "library": self.library,
+            "item_key": _key(parent),
+            "item_type": _str_or_none(pdata.get("itemType")),
+            "title": parent_title,
+            "creators": _creators(pdata),
+            "year": _year(parent),
+            "doi": _doi(pdata),
+            "tags": _tags(pdata, data) if parent is not attachment else _tags(data),
+            "collections": [str(c) for c in pdata.get("collections") or [] if isinstance(c, str)],
+            "attachment_title": _str_or_none(data.get("title")),
+            "filename": _str_or_none(data.get("filename")),
+            "link_mode": _str_or_none(mode),
+            "content_type": _str_or_none(data.get("contentType")),
+            "md5": _str_or_none(data.get("md5")),
+            "url": _str_or_none(data.get("url")) or _str_or_none(pdata.get("url")),
+            "path": _str_or_none(data.get("path")) if mode == "linked_file" else None,
+            "attachment_version": _version(attachment),
+            "item_version": _version(parent),
+        }
+        return SourceDocument(
+            source_id=key,
+            title=parent_title or _str_or_none(data.get("title")) or _str_or_none(data.get("filename")) or key,
+            uri=self._uri(key),
+            mime_type=_str_or_none(data.get("contentType")),
+            size=size,
+            modified_at=modified_at,
+            source_version=version,
+            content_sha256=None,
+            metadata=metadata,
+            skip_reason=skip_reason,
+        )
+
+    def _documents(self, items: Mapping[str, dict[str, Any]],
+                   parents: Mapping[str, dict[str, Any]]) -> tuple[list[SourceDocument], list[str]]:
+        """Documents for the attachments among ``items`` whose parent (looked up in ``parents``) is
+        present and not trashed; also the keys of attachments that are gone (trashed themselves, or
+        their parent trashed or missing)."""
+        documents, gone = [], []
+        for key, item in items.items():
+            if _item_type(item) != "attachment":
+                continue
+            parent_key = _data(item).get("parentItem")
+            parent = item if not parent_key else parents.get(str(parent_key))
+            if _trashed(item) or parent is None or _trashed(parent):
+                gone.append(key)
+                continue
+            documents.append(self._to_document(item, parent))
+        return documents, gone
+
+    # ---------------------------------------------------------------- Source protocol
+
+    def list_documents(self) -> Inventory:
+        """Every attachment of the library (trash excluded) as a document; see the module docstring.
+
+        Raises ``SourceError`` when not even the first page could be read (``transient`` False for a
+        rejected key or an unknown library); later failures give ``complete=False`` with the reason.
+        """
+        with self._lock:
+            pages = self._pages(lambda: self._zot.items(limit=self.page_size))
+        if pages.pages == 0 and pages.failure is not None:
+            raise pages.failure
+        problem = pages.problem()
+        live = {k: v for k, v in pages.items.items() if not _trashed(v)}
+        documents, _ = self._documents(live, live)
+        documents.sort(key=lambda d: d.source_id)
+        if problem:
+            log.warning("Zotero %s: incomplete listing: %s", self.name, problem)
+        return Inventory(
+            documents=documents,
+            complete=problem is None,
+            incomplete_reason=problem,
+            expected_total=pages.total,
+            cursor=self._cursor(pages.versions[0]) if problem is None and pages.versions else None,
+        )
+
+    def changes(self, cursor: str | None) -> ChangeSet:
+        """Upserts and deletions since ``cursor`` (see the module docstring).
+
+        Raises ``ChangeFeedUnavailable`` (do a full listing), ``ListingIncompleteError`` when part of
+        the change set could not be read (nothing of it should be applied), ``SourceError`` otherwise.
+        """
+        since = self._cursor_version(cursor)
+        with self._lock:
+            probe = self._changed_versions(since)
+            if probe is None:
+                log.info("Zotero %s: not modified since version %d", self.name, since)
+                return ChangeSet(upserts=[], deleted_ids=[], next_cursor=self._cursor(since))
+            changed, library_version = probe
+            deleted = self._deleted_keys(since)
+            items = self._items_by_key(changed)
+            changed_parents = {k: v for k, v in items.items()
+                               if _item_type(v) not in _SKIPPED_ITEM_TYPES and _item_type(v) != "attachment"}
+            candidates = {k: v for k, v in items.items() if _item_type(v) == "attachment"}
+            for parent_key in changed_parents:
+                for key, child in self._children(parent_key).items():
+                    if _item_type(child) == "attachment" and _version(child) >= _version(candidates.get(key, {})):
+                        candidates[key] = child
+            wanted = {str(_data(a).get("parentItem")) for a in candidates.values() if _data(a).get("parentItem")}
+            parents = dict(changed_parents)
+            parents.update(self._items_by_key(wanted - parents.keys()))
+            upserts, gone = self._documents(candidates, parents)
+        upserted = {d.source_id for d in upserts}
+        deleted_ids = sorted((set(deleted) | set(gone)) - upserted)
+        log.info("Zotero %s: %d changed items since version %d -> %d: %d upserts, %d deletions",
+                 self.name, len(changed), since, library_version, len(upserts), len(deleted_ids))
+        return ChangeSet(upserts=sorted(upserts, key=lambda d: d.source_id), deleted_ids=deleted_ids,
+                         next_cursor=self._cursor(library_version))
+
+    def _changed_versions(self, since: int) -> tuple[dict[str, int], int] | None:
+        """``GET <library>/items?since=V&format=versions&includeTrashed=1`` with
+        ``If-Modified-Since-Version: V``: ``None`` on 304, else (key -> version, library version)."""
+        url = f"{self.api_url}/{self.library}/items"
+        headers = {**self._zot.default_headers(), "If-Modified-Since-Version": str(since)}
+        params = {"since": str(since), "format": "versions", "includeTrashed": "1"}
+        try:
+            response = self._client.get(url, params=params, headers=headers)
+        except (httpx2.HTTPError, _RetryableStatus) as exc:
+            raise self._error("reading changed item versions", exc) from exc
+        if response.status_code == 304:
+            # a library reset below the watermark also answers 304; its version header tells
+            current = response.headers.get("Last-Modified-Version", "")
+            if current.isdigit() and int(current) < since:
+                raise ChangeFeedUnavailable(
+                    f"the Zotero library version went back from {since} to {current} (library reset?): "
+                    "full listing needed")
+            return None
+        if response.status_code in (400, 404, 410, 412):
+            raise ChangeFeedUnavailable(
+                f"the Zotero API rejected since={since} (HTTP {response.status_code}): full listing needed")
+        if response.status_code != 200:
+            raise SourceError(f"Zotero changed-versions request answered HTTP {response.status_code}",
+                              transient=response.status_code not in (401, 403))
+        try:
+            library_version = int(response.headers["Last-Modified-Version"])
+            versions = response.json()
+            changed = {str(k): int(v) for k, v in versions.items()}
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise SourceError(f"malformed Zotero changed-versions answer: {exc!r}") from exc
+        if library_version < since:
+            raise ChangeFeedUnavailable(
+                f"the Zotero library version went back from {since} to {library_version} (library reset?): "
+                "full listing needed")
+        return changed, library_version
+
+    def _deleted_keys(self, since: int) -> list[str]:
+        """Item keys in ``GET <library>/deleted?since=V``."""
+        try:
+            deleted = self._zot.deleted(since=since)
+        except (pyzotero.UnsupportedParamsError, pyzotero.ResourceNotFoundError, pyzotero.PreConditionFailedError) as exc:
+            raise ChangeFeedUnavailable(f"the Zotero API rejected /deleted?since={since}: full listing needed") from exc
+        except (pyzotero.PyZoteroError, httpx2.HTTPError, _RetryableStatus, ValueError) as exc:
+            raise self._error("reading deletions", exc) from exc
+        items = deleted.get("items") if isinstance(deleted, dict) else None
+        if not isinstance(items, list):
+            raise SourceError("malformed Zotero /deleted answer: no 'items' list")
+        return [str(k) for k in items]
+
+    def fetch(self, document: SourceDocument) -> bytes:
+        """The attachment's bytes: downloaded (``imported_*``) or read from the mount (``linked_file``).
+
+        Raises ``DocumentSkipped`` for documents with a ``skip_reason``, a linked file that is gone and
+        a file the Zotero server does not have (404); ``SourceError`` for everything else (transient
+        unless the key was refused).
+        """
+        if document.skip_reason:
+            raise DocumentSkipped(document.skip_reason)
+        mode = document.metadata.get("link_mode")
+        if mode == "linked_file":
+            path, reason = self.resolver.resolve(str(document.metadata.get("path") or ""))
+            if path is None:
+                raise DocumentSkipped(reason or LINKED_NOT_REACHABLE)
+            try:
+                return path.read_bytes()
+            except FileNotFoundError:
+                raise DocumentSkipped(f"{LINKED_NOT_REACHABLE}: {path} disappeared") from None
+            except OSError as exc:
+                raise SourceError(f"reading linked file {path} failed: {exc.__class__.__name__}") from exc
+        if mode not in FETCHED_LINK_MODES:
+            raise DocumentSkipped(f"unknown Zotero attachment link mode {mode!r}: not ingested")
+        with self._lock:
+            try:
+                body = self._zot.file(document.source_id)
+            except pyzotero.ResourceNotFoundError:
+                raise DocumentSkipped("the Zotero server has no file for this attachment (HTTP 404)") from None
+            except (pyzotero.PyZoteroError, httpx2.HTTPError, _RetryableStatus, ValueError) as exc:
+                raise self._error(f"download of attachment {document.source_id}", exc) from exc
+            # pyzotero parses JSON/XML bodies by content type; the raw bytes are on the response
+            return body if isinstance(body, bytes) else self._zot.request.content
