@@ -1,0 +1,565 @@
+"""SharePoint document library / OneDrive source: Microsoft Graph delta over HTTP, msal for tokens.
+
+Authentication
+    ``msal.ConfidentialClientApplication`` with client credentials (tenant id, client id, client
+    secret), authority ``<RAG_MS_AUTHORITY>/<tenant>`` (default ``https://login.microsoftonline.com``),
+    ``instance_discovery=False`` so a national cloud or a test authority is used as given. The
+    token's scope is ``<Graph origin>/.default``. msal creates its application (and fetches the
+    authority's openid-configuration) on the first request, not in the constructor.
+
+Inventory
+    A delta query on the drive root without a token enumerates the whole drive
+    (``/drives/{id}/root/delta``, ``$select`` including ``deleted``), following ``@odata.nextLink``
+    to the ``@odata.deltaLink``, which becomes ``Inventory.cursor``. With ``path``, only files under
+    that folder count (Graph supports delta on the root only for SharePoint and OneDrive for
+    Business, so the scope is computed from ``parentReference.id`` and the folder tree).
+
+Change feed
+    The stored cursor's delta link, followed to the next delta link (returned as
+    ``ChangeSet.next_cursor``; the sync stores it only after it has committed). Deleted items
+    (which may lack a name) become deletions without any download; an item repeated across pages:
+    the last one wins; a page with zero items and a next link: paging goes on; a next link seen
+    before: :class:`ListingIncompleteError` (the cursor is not advanced). 410 Gone
+    (``resyncRequired``) raises :class:`ChangeFeedUnavailable`: the sync re-enumerates and
+    reconciles under the deletion guard. So does a deleted or moved folder that was in scope
+    (its files are not always reported one by one).
+
+The cursor is opaque: ``graph1:`` + compressed JSON of the delta link, the scope folder id and the
+in-scope folder ids. Change detection: ``cTag`` (content tag; ``eTag`` when absent) as
+``source_version``, ``file.hashes.sha256Hash`` as ``content_sha256`` where Graph gives one. Stable
+id = drive item id. 429/503 (and other 5xx) responses are retried with bounded back-off,
+honouring ``Retry-After``. Links that leave the configured Graph origin are refused, so the
+bearer token is never sent elsewhere; the client secret and tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import email.utils
+import json
+import logging
+import os
+import urllib.parse
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import msal
+import requests
+from tenacity import RetryCallState, Retrying, retry_if_exception
+
+from rag_pipeline.sources.base import (
+    ChangeFeedUnavailable,
+    ChangeSet,
+    DocumentSkipped,
+    Inventory,
+    ListingIncompleteError,
+    SourceDocument,
+    SourceError,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRAPH_URL = "https://graph.microsoft.com/v1.0"
+DEFAULT_AUTHORITY = "https://login.microsoftonline.com"
+DELTA_SELECT = (
+    "id,name,size,file,folder,package,root,deleted,parentReference,cTag,eTag,"
+    "lastModifiedDateTime,webUrl"
+)
+"""``$select`` for delta and children queries; ``deleted`` must be in it or tombstones vanish."""
+
+ENV_GRAPH_URL = "RAG_GRAPH_API_URL"
+ENV_AUTHORITY = "RAG_MS_AUTHORITY"
+ENV_TENANT = "RAG_MS_TENANT_ID"
+ENV_CLIENT_ID = "RAG_MS_CLIENT_ID"
+ENV_CLIENT_SECRET = "RAG_MS_CLIENT_SECRET"
+
+_CURSOR_PREFIX = "graph1:"
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class _RetryableResponse(Exception):
+    """An HTTP response worth retrying (429, 5xx); carries its ``Retry-After`` in seconds."""
+
+    def __init__(self, response: requests.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.status = response.status_code
+        self.retry_after_s = _parse_retry_after(response.headers.get("Retry-After"))
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, (parsed - datetime.now(timezone.utc)).total_seconds())
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, (_RetryableResponse, requests.ConnectionError, requests.Timeout))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries for 429, 5xx and connection failures.
+
+    ``attempts``: total tries per request. Waits grow ``base_wait_s * 2**n`` up to ``max_wait_s``
+    seconds; a ``Retry-After`` header is honoured exactly, and one longer than ``max_wait_s`` ends
+    the retries at once (reported as a transient :class:`SourceError`; the next sync tries again).
+    """
+
+    attempts: int = 5
+    base_wait_s: float = 1.0
+    max_wait_s: float = 60.0
+
+    def retrying(self) -> Retrying:
+        """A tenacity ``Retrying`` that applies this policy."""
+
+        def hinted(state: RetryCallState) -> float | None:
+            exc = state.outcome.exception() if state.outcome else None
+            return exc.retry_after_s if isinstance(exc, _RetryableResponse) else None
+
+        def wait(state: RetryCallState) -> float:
+            seconds = hinted(state)
+            if seconds is not None:
+                return seconds
+            return min(self.max_wait_s, self.base_wait_s * 2 ** (state.attempt_number - 1))
+
+        def stop(state: RetryCallState) -> bool:
+            seconds = hinted(state)
+            return state.attempt_number >= self.attempts or (
+                seconds is not None and seconds > self.max_wait_s
+            )
+
+        return Retrying(retry=retry_if_exception(_is_transient), wait=wait, stop=stop, reraise=True)
+
+
+class _VerifyingSession(requests.Session):
+    """A ``requests.Session`` whose ``verify`` setting wins over ``REQUESTS_CA_BUNDLE``.
+
+    Plain requests lets the environment's CA bundle override ``Session.verify`` when a call does
+    not pass ``verify=`` itself (msal's calls do not), so a configured CA file would be ignored.
+    """
+
+    def merge_environment_settings(self, url, proxies, stream, verify, cert):  # type: ignore[override]
+        settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if verify is None and self.verify is not True:
+            settings["verify"] = self.verify
+        return settings
+
+
+@dataclass
+class _DeltaState:
+    """The opaque cursor: delta link, scope folder id (``None`` = drive root), in-scope folders."""
+
+    link: str
+    scope_id: str | None = None
+    folders: list[str] = field(default_factory=list)
+
+    def encode(self) -> str:
+        raw = json.dumps(
+            {"v": 1, "l": self.link, "p": self.scope_id, "f": sorted(self.folders)}, separators=(",", ":")
+        ).encode("utf-8")
+        return _CURSOR_PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+    @classmethod
+    def decode(cls, cursor: str) -> _DeltaState:
+        if not cursor.startswith(_CURSOR_PREFIX):
+            raise ValueError("not a graph cursor")
+        try:
+            data = json.loads(zlib.decompress(base64.urlsafe_b64decode(cursor[len(_CURSOR_PREFIX) :])))
+        except (binascii.Error, zlib.error, ValueError) as exc:
+            raise ValueError("corrupt graph cursor") from exc
+        if data.get("v") != 1 or not isinstance(data.get("l"), str):
+            raise ValueError("unknown graph cursor version")
+        return cls(link=data["l"], scope_id=data.get("p"), folders=list(data.get("f", [])))
+
+
+class _Gone(Exception):
+    """HTTP 410 from a delta link (``resyncRequired``)."""
+
+
+class SharePointSource:
+    """Files of one SharePoint document library or OneDrive (a Graph drive), optionally one folder.
+
+    ``drive_id``: the Graph drive id (``b!...`` for SharePoint libraries). ``path``: a folder path
+    inside the drive (``"Shared/Reports"``), or ``None`` for the whole drive. ``graph_url``: Graph
+    base including the version (default ``https://graph.microsoft.com/v1.0``); ``authority_url``:
+    the Entra ID host (default ``https://login.microsoftonline.com``). ``verify``: ``True``, or a
+    CA bundle path for TLS (applies to Graph and to msal). ``scope`` defaults to
+    ``<graph origin>/.default``. ``timeout_s``: per HTTP request.
+    ``name`` defaults to ``sharepoint:<drive_id>`` or ``sharepoint:<drive_id>/<path>``.
+    """
+
+    def __init__(
+        self,
+        *,
+        drive_id: str,
+        tenant_id: str,
+        client_id: str,
+        client_secret: str,
+        path: str | None = None,
+        graph_url: str = DEFAULT_GRAPH_URL,
+        authority_url: str = DEFAULT_AUTHORITY,
+        scope: str | None = None,
+        verify: bool | str = True,
+        name: str | None = None,
+        timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        if not drive_id:
+            raise ValueError("SharePointSource needs a drive_id")
+        self.drive_id = drive_id
+        self.path = path.strip("/") if path else None
+        self.name = name or (f"sharepoint:{drive_id}" + (f"/{self.path}" if self.path else ""))
+        self._graph = graph_url.rstrip("/")
+        parsed = urllib.parse.urlsplit(self._graph)
+        self._origin = f"{parsed.scheme}://{parsed.netloc}"
+        self._scope = scope or f"{self._origin}/.default"
+        self._authority = f"{authority_url.rstrip('/')}/{tenant_id}"
+        self._client_id = client_id
+        self._client_secret = client_secret
+        self._timeout = timeout_s
+        self._retry = retry or RetryPolicy()
+        self._session = _VerifyingSession()
+        self._session.verify = verify
+        self._app: msal.ConfidentialClientApplication | None = None
+
+    def __repr__(self) -> str:
+        return f"SharePointSource(name={self.name!r}, graph={self._graph!r})"
+
+    @classmethod
+    def from_env(
+        cls, *, drive_id: str, path: str | None = None, env: Mapping[str, str] | None = None
+    ) -> SharePointSource:
+        """Build from ``RAG_MS_TENANT_ID``, ``RAG_MS_CLIENT_ID``, ``RAG_MS_CLIENT_SECRET`` (required),
+        ``RAG_GRAPH_API_URL`` and ``RAG_MS_AUTHORITY`` (optional). TLS trust follows requests'
+        defaults (``REQUESTS_CA_BUNDLE``). ``env`` defaults to ``os.environ``. Raises
+        :class:`SourceError` (not transient) naming the missing variables, never their values.
+        """
+        env = os.environ if env is None else env
+        missing = [k for k in (ENV_TENANT, ENV_CLIENT_ID, ENV_CLIENT_SECRET) if not env.get(k)]
+        if missing:
+            raise SourceError(f"SharePoint source needs {', '.join(missing)}", transient=False)
+        return cls(
+            drive_id=drive_id,
+            path=path,
+            tenant_id=env[ENV_TENANT],
+            client_id=env[ENV_CLIENT_ID],
+            client_secret=env[ENV_CLIENT_SECRET],
+            graph_url=env.get(ENV_GRAPH_URL) or DEFAULT_GRAPH_URL,
+            authority_url=env.get(ENV_AUTHORITY) or DEFAULT_AUTHORITY,
+        )
+
+    # ---- HTTP ---------------------------------------------------------------------------
+
+    def _token(self) -> str:
+        if self._app is None:
+            try:
+                self._app = msal.ConfidentialClientApplication(
+                    self._client_id,
+                    client_credential=self._client_secret,
+                    authority=self._authority,
+                    instance_discovery=False,
+                    http_client=self._session,
+                    timeout=self._timeout,
+                )
+            except (ValueError, requests.RequestException) as exc:
+                raise SourceError(f"Entra ID authority {self._authority} unusable: {type(exc).__name__}") from None
+        result = self._app.acquire_token_for_client(scopes=[self._scope])
+        token = result.get("access_token") if isinstance(result, dict) else None
+        if not token:
+            error = result.get("error", "unknown") if isinstance(result, dict) else "unknown"
+            transient = error not in ("invalid_client", "unauthorized_client", "invalid_scope", "invalid_request")
+            raise SourceError(f"Entra ID token request failed: {error}", transient=transient)
+        return str(token)
+
+    def _get(self, url: str, *, stream: bool = False) -> requests.Response:
+        """GET a Graph URL with a bearer token and the retry policy; 2xx/3xx-followed responses
+        or 4xx are returned, retryable failures raise after the policy gives up."""
+        if not url.startswith(self._origin + "/"):
+            raise SourceError(f"refusing to follow a link outside {self._origin}")
+        for attempt in self._retry.retrying():
+            with attempt:
+                response = self._session.get(
+                    url,
+                    headers={"Authorization": f"Bearer {self._token()}", "Accept": "application/json"},
+                    timeout=self._timeout,
+                    stream=stream,
+                )
+                if response.status_code in _RETRY_STATUSES:
+                    response.close()
+                    raise _RetryableResponse(response)
+                return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _get_json(self, url: str, what: str) -> dict[str, Any]:
+        try:
+            response = self._get(url)
+        except _RetryableResponse as exc:
+            raise ListingIncompleteError(f"{what} failed: HTTP {exc.status} after retries") from None
+        except requests.RequestException as exc:
+            raise ListingIncompleteError(f"{what} failed: {type(exc).__name__}") from None
+        if response.status_code == 410:
+            raise _Gone(_graph_error_code(response))
+        if response.status_code != 200:
+            raise ListingIncompleteError(f"{what} failed: HTTP {response.status_code} {_graph_error_code(response)}")
+        try:
+            body = response.json()
+        except ValueError:
+            raise ListingIncompleteError(f"{what} returned a body that is not JSON") from None
+        if not isinstance(body, dict):
+            raise ListingIncompleteError(f"{what} returned a body that is not a JSON object")
+        return body
+
+    def _pages(self, url: str, what: str) -> Iterator[dict[str, Any]]:
+        """Follow ``@odata.nextLink`` from ``url``; yields each page body. The last page yielded
+        has a delta link (delta queries) or no next link (children listings)."""
+        seen: set[str] = set()
+        while True:
+            if url in seen:
+                raise ListingIncompleteError(f"{what}: a next link repeated; stopped")
+            seen.add(url)
+            body = self._get_json(url, what)
+            yield body
+            next_link = body.get("@odata.nextLink")
+            if not next_link:
+                return
+            url = str(next_link)
+
+    def _delta(self, url: str) -> tuple[dict[str, dict[str, Any]], str]:
+        """All items from a delta URL (last occurrence of an id wins) and the final delta link."""
+        items: dict[str, dict[str, Any]] = {}
+        delta_link = None
+        for body in self._pages(url, "Graph delta"):
+            for item in body.get("value") or []:
+                item_id = item.get("id") if isinstance(item, dict) else None
+                if not item_id:
+                    log.warning("sharepoint: delta item without id ignored")
+                    continue
+                items.pop(item_id, None)
+                items[item_id] = item
+            delta_link = body.get("@odata.deltaLink")
+        if not delta_link:
+            raise ListingIncompleteError("Graph delta ended without @odata.deltaLink")
+        return items, str(delta_link)
+
+    def _drive_url(self, suffix: str) -> str:
+        return f"{self._graph}/drives/{urllib.parse.quote(self.drive_id, safe='')}{suffix}"
+
+    def _select(self) -> str:
+        return "?" + urllib.parse.urlencode({"$select": DELTA_SELECT}, safe="$,")
+
+    def _resolve_scope(self) -> str | None:
+        if not self.path:
+            return None
+        url = self._drive_url(f"/root:/{urllib.parse.quote(self.path)}") + "?$select=id,name,folder,deleted"
+        try:
+            item = self._get_json(url, f"folder {self.path!r}")
+        except _Gone:
+            raise ListingIncompleteError(f"folder {self.path!r}: HTTP 410") from None
+        except ListingIncompleteError as exc:
+            raise ListingIncompleteError(f"scope folder {self.path!r} not usable: {exc}") from None
+        if "folder" not in item or not item.get("id"):
+            raise ListingIncompleteError(f"scope path {self.path!r} is not a folder")
+        return str(item["id"])
+
+    def _children(self, folder_id: str) -> Iterator[dict[str, Any]]:
+        """Every item below ``folder_id`` (recursive children listing, defensive about shapes)."""
+        queue = [folder_id]
+        while queue:
+            parent = queue.pop(0)
+            url = self._drive_url(f"/items/{urllib.parse.quote(parent, safe='')}/children") + self._select()
+            for body in self._pages(url, "Graph children"):
+                for item in body.get("value") or []:
+                    if not isinstance(item, dict) or not item.get("id"):
+                        continue
+                    yield item
+                    if "folder" in item:
+                        queue.append(item["id"])
+
+    # ---- Source protocol ----------------------------------------------------------------
+
+    def list_documents(self) -> Inventory:
+        """Enumerate the drive with a fresh delta query and keep the files in scope.
+
+        Returns the complete inventory and the delta link as ``cursor``; raises
+        :class:`ListingIncompleteError` when a page fails, a next link repeats, the enumeration
+        ends without a delta link, or the scope folder is missing.
+        """
+        scope_id = self._resolve_scope()
+        try:
+            items, delta_link = self._delta(self._drive_url("/root/delta") + self._select())
+        except _Gone:
+            raise ListingIncompleteError("Graph delta enumeration answered 410 Gone") from None
+        live = {i: item for i, item in items.items() if "deleted" not in item}
+        children: dict[str, list[str]] = {}
+        for item_id, item in live.items():
+            parent = (item.get("parentReference") or {}).get("id")
+            if parent:
+                children.setdefault(parent, []).append(item_id)
+        if scope_id is None:
+            folders = {i for i, item in live.items() if "folder" in item or "root" in item}
+            in_scope = set(live)
+        else:
+            folders, in_scope = {scope_id}, set()
+            queue = [scope_id]
+            while queue:
+                for child in children.get(queue.pop(0), []):
+                    in_scope.add(child)
+                    if "folder" in live[child]:
+                        folders.add(child)
+                        queue.append(child)
+        documents = [self._to_document(live[i]) for i in in_scope if "file" in live[i]]
+        state = _DeltaState(link=delta_link, scope_id=scope_id, folders=sorted(folders))
+        return Inventory(documents=documents, complete=True, cursor=state.encode())
+
+    def changes(self, cursor: str | None) -> ChangeSet:
+        """Follow the stored delta link to the next one; upserts and deletions in scope.
+
+        Raises :class:`ChangeFeedUnavailable` without a usable cursor, on 410 Gone, or when a
+        folder in scope was deleted or moved out of it; :class:`ListingIncompleteError` on a
+        repeating next link or a failed page (the cursor is then not advanced).
+        """
+        if not cursor:
+            raise ChangeFeedUnavailable("no Graph delta link stored yet")
+        try:
+            state = _DeltaState.decode(cursor)
+        except ValueError as exc:
+            raise ChangeFeedUnavailable(f"unusable Graph cursor: {exc}") from None
+        try:
+            items, delta_link = self._delta(state.link)
+        except _Gone as exc:
+            raise ChangeFeedUnavailable(f"Graph delta link expired (410 {exc}); full resync needed") from None
+        old_folders = set(state.folders)
+        folders = set(old_folders)
+        whole_drive = state.scope_id is None
+
+        def in_scope(item: Mapping[str, Any]) -> bool:
+            if item.get("id") == state.scope_id:
+                return True
+            parent = (item.get("parentReference") or {}).get("id")
+            return whole_drive or parent in folders
+
+        upserts: dict[str, dict[str, Any]] = {}
+        deletions: set[str] = set()
+        entering: list[dict[str, Any]] = []
+        for item_id, item in items.items():
+            is_folder = "folder" in item or "root" in item or item_id in old_folders
+            if not is_folder:
+                continue
+            if "deleted" in item:
+                if item_id in old_folders:
+                    raise ChangeFeedUnavailable(f"folder {item_id} in scope was deleted; full resync needed")
+                continue
+            if item_id in old_folders:
+                if not in_scope(item):
+                    raise ChangeFeedUnavailable(f"folder {item_id} moved out of scope; full resync needed")
+            else:
+                entering.append(item)
+        progress = True
+        while entering and progress:
+            progress = False
+            for item in list(entering):
+                if in_scope(item):
+                    entering.remove(item)
+                    progress = True
+                    folders.add(item["id"])
+                    for child in self._children(item["id"]):
+                        if "folder" in child:
+                            folders.add(child["id"])
+                        elif "file" in child and "deleted" not in child:
+                            upserts[child["id"]] = child
+        for item_id, item in items.items():
+            if "folder" in item or "root" in item or item_id in folders:
+                continue
+            if "deleted" in item:
+                deletions.add(item_id)
+                upserts.pop(item_id, None)
+            elif "file" in item:
+                if in_scope(item):
+                    upserts[item_id] = item
+                else:
+                    deletions.add(item_id)
+        deletions -= set(upserts)
+        next_state = _DeltaState(link=delta_link, scope_id=state.scope_id, folders=sorted(folders))
+        return ChangeSet(
+            upserts=[self._to_document(item) for item in upserts.values()],
+            deleted_ids=sorted(deletions),
+            next_cursor=next_state.encode(),
+        )
+
+    def fetch(self, document: SourceDocument) -> bytes:
+        """Download ``/drives/{drive}/items/{id}/content`` (Graph answers with a redirect to a
+        pre-authenticated URL; requests drops the bearer token if that URL is on another host).
+
+        Raises :class:`DocumentSkipped` for a skipped document, :class:`SourceError` otherwise
+        (transient: throttling after retries, server errors, an item deleted since the listing).
+        """
+        if document.skip_reason:
+            raise DocumentSkipped(document.skip_reason)
+        url = self._drive_url(f"/items/{urllib.parse.quote(document.source_id, safe='')}/content")
+        try:
+            response = self._get(url)
+        except _RetryableResponse as exc:
+            raise SourceError(f"Graph download failed: HTTP {exc.status} after retries") from None
+        except requests.RequestException as exc:
+            raise SourceError(f"Graph download failed: {type(exc).__name__}") from None
+        if response.status_code == 404:
+            raise SourceError("Graph download failed: item not found (deleted since listing?)")
+        if response.status_code != 200:
+            raise SourceError(f"Graph download failed: HTTP {response.status_code} {_graph_error_code(response)}")
+        return response.content
+
+    # ---- mapping ------------------------------------------------------------------------
+
+    def _to_document(self, item: Mapping[str, Any]) -> SourceDocument:
+        """Map a Graph driveItem (file) to a :class:`SourceDocument` (id = drive item id)."""
+        file_facet = item.get("file") or {}
+        hashes = file_facet.get("hashes") or {}
+        sha256 = hashes.get("sha256Hash")
+        size = item.get("size")
+        metadata = {
+            "drive_id": self.drive_id,
+            "parent_id": (item.get("parentReference") or {}).get("id"),
+            "etag": item.get("eTag"),
+            "ctag": item.get("cTag"),
+            "quick_xor_hash": hashes.get("quickXorHash"),
+            "sha1": hashes.get("sha1Hash"),
+        }
+        return SourceDocument(
+            source_id=str(item["id"]),
+            title=item.get("name") or str(item["id"]),
+            uri=item.get("webUrl") or self._drive_url(f"/items/{item['id']}"),
+            mime_type=file_facet.get("mimeType"),
+            size=int(size) if isinstance(size, (int, float)) else None,
+            modified_at=_parse_time(item.get("lastModifiedDateTime")),
+            source_version=item.get("cTag") or item.get("eTag"),
+            content_sha256=sha256.lower() if isinstance(sha256, str) and sha256 else None,
+            metadata=metadata,
+        )
+
+
+def _graph_error_code(response: requests.Response) -> str:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
