@@ -1,0 +1,189 @@
+"""PDF: encryption check, routing (text / mixed / image-only), the text path, OCR of pages without a
+text layer, page furniture removal and assembly into Markdown with page markers.
+
+Text path: pypdfium2 (PDFium) text segments with their boxes, put into reading order by
+``pdf_layout`` (columns, paragraphs, tables, rotated margin stamps dropped). Pages with almost no
+text are rendered and OCR'd with Tesseract through ``unstructured`` (``ocr.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from . import pdf_layout
+from .clean import find_page_furniture, is_furniture, is_page_number
+from .draft import Draft
+from .ocr import check_ocr, ocr_image
+from .quality import text_layer_quality
+from .types import PAGE_MARKER, ExtractionError, NoTextError, PasswordProtectedError
+
+IMAGE_ONLY_CHARS = 300
+"""Fewer than this many characters over the first three pages: the PDF is image-only (scanned)."""
+PAGE_OCR_CHARS = 20
+"""A page of a text PDF with fewer characters than this (and an image on it) is OCR'd on its own."""
+OCR_DPI = 300
+MAX_OCR_PAGES = 200
+"""More image pages than this in one document are not OCR'd (the rest is flagged low quality)."""
+
+ProgressFn = Callable[[int, int], None]
+
+
+def open_pdf(data: bytes) -> Any:
+    """Open ``data`` with pypdfium2. An empty user password is tried (owner-restricted PDFs open).
+
+    Raises ``PasswordProtectedError("password protected")`` when a user password is needed and
+    ``ExtractionError`` for a file PDFium cannot parse at all."""
+    import pypdfium2 as pdfium
+
+    try:
+        return pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as exc:
+        if "password" in str(exc).lower():
+            raise PasswordProtectedError("password protected") from exc
+        raise ExtractionError(f"corrupt PDF: {exc}") from exc
+
+
+def _page_has_image(page: Any) -> bool:
+    import pypdfium2.raw as raw
+
+    try:
+        for obj in page.get_objects(max_depth=2):
+            if obj.type == raw.FPDF_PAGEOBJ_IMAGE:
+                return True
+    except Exception:  # noqa: BLE001 - a broken object tree: assume there may be an image
+        return True
+    return False
+
+
+def classify(chars_per_page: list[int], has_image: list[bool]) -> str:
+    """Route a PDF: ``"image"`` (scanned) when the first three pages hold fewer than
+    ``IMAGE_ONLY_CHARS`` characters in all and carry images (or no text at all); ``"mixed"`` when
+    some pages have fewer than ``PAGE_OCR_CHARS`` characters and an image; else ``"text"``."""
+    first = chars_per_page[:3]
+    if sum(first) < IMAGE_ONLY_CHARS and (any(has_image[:3]) or sum(first) == 0):
+        return "image"
+    if any(c < PAGE_OCR_CHARS and img for c, img in zip(chars_per_page, has_image)):
+        return "mixed"
+    return "text"
+
+
+def extract_pdf(data: bytes, *, ocr_languages: str = "eng+jpn", progress: ProgressFn | None = None) -> Draft:
+    """Extract a PDF to Markdown with one ``PAGE_MARKER`` per page.
+
+    Routing: the PDF is ``text``, ``mixed`` or ``image`` (see ``classify``). Pages with almost no
+    text that carry an image are rendered at ``OCR_DPI`` and OCR'd; so are pages whose text layer is
+    garbage (a poor OCR layer, see ``quality.text_layer_quality``) when OCR gives better text.
+    Raises ``PasswordProtectedError``, ``MissingDependencyError`` (OCR needed but Tesseract or the
+    language data is missing), ``NoTextError``.
+    """
+    pdf = open_pdf(data)
+    try:
+        return _extract(pdf, ocr_languages, progress)
+    finally:
+        pdf.close()
+
+
+def _extract(pdf: Any, ocr_languages: str, progress: ProgressFn | None) -> Draft:
+    n_pages = len(pdf)
+    if n_pages == 0:
+        raise NoTextError("no text: PDF has no pages")
+    pages: list[pdf_layout.PageText] = []
+    removed = 0
+    for index in range(n_pages):
+        page = pdf[index]
+        try:
+            page_text = pdf_layout.extract_page(page)
+        except Exception as exc:  # noqa: BLE001 - one broken page must not lose the others
+            page_text = pdf_layout.PageText(blocks=[], lines_top=[], lines_bottom=[], error=f"{type(exc).__name__}: {exc}")
+        removed += page_text.removed_control_chars
+        pages.append(page_text)
+        page.close()
+        if progress is not None and (index % 25 == 24 or index == n_pages - 1):
+            progress(index + 1, n_pages)
+
+    chars = [p.char_count for p in pages]
+    # image checks are cheap but not free: only pages with little text need them
+    has_image = [c < IMAGE_ONLY_CHARS and _page_has_image(pdf[i]) for i, c in enumerate(chars)]
+    pdf_class = classify(chars, has_image)
+    stats: dict[str, Any] = {"pdf_class": pdf_class, "page_errors": sum(1 for p in pages if p.error)}
+
+    # pages that need OCR: no (or almost no) text and an image on the page
+    ocr_candidates = [
+        i for i, p in enumerate(pages) if (pdf_class == "image" or p.char_count < PAGE_OCR_CHARS) and has_image[i]
+    ]
+    # a text layer that is garbage (poor OCR layer): candidates for re-OCR
+    layer_quality = [text_layer_quality(p.plain_text()) if p.char_count >= PAGE_OCR_CHARS else None for p in pages]
+    poor_layer = [i for i, q in enumerate(layer_quality) if q is not None and q < 0.5 and _page_has_image(pdf[i])]
+    stats["poor_text_layer_pages"] = [i + 1 for i in poor_layer]
+
+    ocr_pages: list[int] = []
+    ocr_text: dict[int, str] = {}
+    todo = ocr_candidates + [i for i in poor_layer if i not in ocr_candidates]
+    if todo:
+        languages = check_ocr(ocr_languages)
+        for i in todo[:MAX_OCR_PAGES]:
+            image = pdf[i].render(scale=OCR_DPI / 72).to_pil()
+            markdown, _count = ocr_image(image, languages)
+            if i in poor_layer:
+                if text_layer_quality(markdown) <= (layer_quality[i] or 0) + 0.1:
+                    continue  # OCR is no better than the existing layer: keep the layer
+            ocr_text[i] = markdown
+            ocr_pages.append(i + 1)
+        stats["ocr_pages_skipped"] = max(0, len(todo) - MAX_OCR_PAGES)
+    stats["ocr_pages"] = ocr_pages
+
+    # running headers/footers and page numbers
+    furniture = find_page_furniture([p.lines_top + p.lines_bottom for p in pages])
+    furniture_removed = 0
+    parts: list[str] = []
+    chars_per_page: list[int] = []
+    for i, page_text in enumerate(pages):
+        parts.append(PAGE_MARKER.format(n=i + 1))
+        if i in ocr_text:
+            body = ocr_text[i]
+        else:
+            blocks, dropped = _drop_furniture(page_text, furniture)
+            furniture_removed += dropped
+            body = "\n\n".join(blocks)
+        chars_per_page.append(len(body))
+        if body:
+            parts.append(body)
+    stats["furniture_lines_removed"] = furniture_removed
+    stats["chars_per_page"] = chars_per_page
+    stats["tables"] = sum(p.tables for i, p in enumerate(pages) if i not in ocr_text)
+    stats["rotated_chars_dropped"] = sum(p.rotated_dropped for p in pages)
+    stats["element_counts"] = {
+        "blocks": sum(len(p.blocks) for p in pages),
+        "ocr_pages": len(ocr_pages),
+        "tables": stats["tables"],
+    }
+    if pdf_class == "image" and not ocr_pages and not any(chars_per_page):
+        raise NoTextError("no text: image-only PDF and OCR found no text")
+    low_quality_reason = None
+    if poor_layer and not all(i in ocr_text for i in poor_layer):
+        low_quality_reason = f"poor text layer (garbled words) on pages {[i + 1 for i in poor_layer if i not in ocr_text]}"
+    elif stats["page_errors"]:
+        low_quality_reason = f"{stats['page_errors']} page(s) could not be read"
+    elif stats.get("ocr_pages_skipped"):
+        low_quality_reason = f"{stats['ocr_pages_skipped']} image page(s) not OCR'd"
+    if low_quality_reason:
+        stats["low_quality_hint"] = low_quality_reason
+    if chars_per_page:
+        stats["median_chars_per_page"] = statistics.median(chars_per_page)
+    return Draft(markdown="\n\n".join(parts), page_count=n_pages, stats=stats, removed_control_chars=removed)
+
+
+def _drop_furniture(page_text: pdf_layout.PageText, furniture: set[str]) -> tuple[list[str], int]:
+    """Remove running headers/footers and page numbers from the page's first and last blocks."""
+    blocks = list(page_text.blocks)
+    dropped = 0
+    edge_lines = set(page_text.lines_top) | set(page_text.lines_bottom)
+    kept: list[str] = []
+    for block in blocks:
+        if block in edge_lines and (is_furniture(block, furniture) or is_page_number(block)):
+            dropped += 1
+            continue
+        kept.append(block)
+    return kept, dropped

@@ -1,0 +1,522 @@
+"""Reading order for one PDF page from PDFium's text segments: columns, paragraphs, tables, headings.
+
+Why not pdfminer: pure Python, ~6 pages/s. PDFium (pypdfium2) gives the page text in one call and
+the boxes of its text runs per line in a few calls, which keeps extraction within a small factor of
+the plain page-text floor. The layout logic here works on those runs:
+
+1. *Segments*: PDFium's lines (split at its generated line breaks) with their run rectangles; a line
+   whose runs sit apart (a gap wider than ``GAP_EM`` font sizes, or another baseline) is split into
+   several segments using per-character boxes (only for those lines). Rotated runs in the page
+   margin (arXiv stamps) are dropped.
+2. *Regions* by recursive XY-cut: a vertical cut only between *text columns* (both sides hold
+   several text lines), then *tables* (a run of at least 3 rows of 2+ cells whose columns line up
+   and whose cells are short), then horizontal cuts at paragraph gaps.
+3. *Paragraphs* inside a region from line geometry (indent, short last line, bullets, font size);
+   line-end hyphens resolved with ``clean.join_lines``; larger fonts and numbered section titles
+   become headings.
+
+Coordinates: PDF points, converted to top-down (``top`` < ``bottom``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .clean import join_lines, remove_control_chars
+from .quality import is_known_word
+from .tables import grid_to_markdown
+
+GAP_EM = 1.2
+"""A horizontal gap wider than this many font sizes separates two segments of one line."""
+PARA_GAP_EM = 0.8
+"""A vertical gap larger than this many font sizes separates paragraphs/regions."""
+MAX_TABLE_CELL_CHARS = 30
+"""A row set whose cells average more characters than this is text in columns, not a table."""
+
+_BULLET_RE = re.compile(r"^([•◦▪▫●○■□➢►▶∙·\-–—*]|\(?\d{1,3}[.)]|\(?[a-z][.)])\s+")
+_SECTION_RE = re.compile(r"^(\d+(\.\d+){0,3}\.?|[IVX]{1,5}\.|[A-Z]\.)\s+[A-Z][^.!?]{0,80}$")
+
+
+@dataclass
+class Segment:
+    """A run of text on one line: box in top-down page coordinates, text, font size (points)."""
+
+    x0: float
+    top: float
+    x1: float
+    bottom: float
+    text: str
+    size: float
+    atoms: list[Segment] | None = None  # finer runs (PDFium rectangles), for table cells
+    pending: tuple[Any, ...] | None = None  # what is needed to compute ``atoms`` on demand
+
+    @property
+    def height(self) -> float:
+        return self.bottom - self.top
+
+
+@dataclass
+class PageText:
+    """One page's text as Markdown blocks in reading order, plus facts for the document level.
+
+    ``lines_top``/``lines_bottom``: texts of the two top-most/bottom-most lines (candidates for
+    running headers/footers). ``char_count``: characters of body text. ``error``: why the page
+    could not be read (``blocks`` then empty)."""
+
+    blocks: list[str]
+    lines_top: list[str]
+    lines_bottom: list[str]
+    error: str | None = None
+    char_count: int = 0
+    removed_control_chars: int = 0
+    rotated_dropped: int = 0
+    tables: int = 0
+    headings: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def plain_text(self) -> str:
+        """The page's blocks joined by blank lines."""
+        return "\n\n".join(self.blocks)
+
+
+# --- segments from PDFium ------------------------------------------------------------------------
+
+
+class _CharBoxes:
+    """Per-character boxes from PDFium, fetched lazily (they cost one call per character)."""
+
+    def __init__(self, raw_textpage: Any) -> None:
+        import pypdfium2.raw as raw
+
+        self._tp = raw_textpage
+        self._get = raw.FPDFText_GetCharBox
+        self._l, self._r, self._b, self._t = (ctypes.c_double() for _ in range(4))
+        self._refs = tuple(ctypes.byref(v) for v in (self._l, self._r, self._b, self._t))
+
+    def box(self, index: int) -> tuple[float, float, float, float] | None:
+        if not self._get(self._tp, index, *self._refs):
+            return None
+        left, right, bottom, top = self._l.value, self._r.value, self._b.value, self._t.value
+        if right - left <= 0 and top - bottom <= 0:
+            return None
+        return left, bottom, right, top
+
+
+def _rect_groups(rects: list[tuple[float, float, float, float]], size: float) -> list[list[int]]:
+    """Group a line's run rectangles (PDF coords l, b, r, t) into segments: a new group starts at a
+    gap wider than ``GAP_EM`` font sizes or where the next run does not share the line's baseline
+    band."""
+    groups: list[list[int]] = [[0]]
+    gap = GAP_EM * size
+    for i in range(1, len(rects)):
+        prev = rects[groups[-1][-1]]
+        cur = rects[i]
+        overlap = min(prev[3], cur[3]) - max(prev[1], cur[1])
+        smaller = max(1e-3, min(prev[3] - prev[1], cur[3] - cur[1]))
+        same_line = overlap >= 0.3 * smaller or (cur[3] - cur[1]) < 0.5 * (prev[3] - prev[1])
+        if not same_line or cur[0] - prev[2] > gap or cur[0] < prev[0] - gap:
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+    return groups
+
+
+def _split_by_rects(
+    text: str, start: int, rects: list[tuple[float, float, float, float]], boxes: _CharBoxes
+) -> list[str]:
+    """Assign each character of ``text`` (PDFium char indices ``start..``) to the run rectangle that
+    contains its box centre; generated characters (spaces, breaks) stay with the current run."""
+    parts = [[] for _ in rects]
+    current = 0
+    for offset, ch in enumerate(text):
+        if ch in " \r\n\t":
+            parts[current].append(ch)
+            continue
+        box = boxes.box(start + offset)
+        if box is not None:
+            cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+            if not _inside(rects[current], cx, cy):
+                for j in list(range(current + 1, len(rects))) + list(range(0, current)):
+                    if _inside(rects[j], cx, cy):
+                        current = j
+                        break
+        parts[current].append(ch)
+    return ["".join(p) for p in parts]
+
+
+def _inside(rect: tuple[float, float, float, float], x: float, y: float, tol: float = 1.0) -> bool:
+    return rect[0] - tol <= x <= rect[2] + tol and rect[1] - tol <= y <= rect[3] + tol
+
+
+def _fix_markers(text: str, start: int, textpage: Any) -> str:
+    """PDFium writes U+FFFE both for a line-end hyphen and for a glyph mapped to U+0000; tell them
+    apart by the character's own code (2 = hyphen -> "\\x02", else "\\x00", removed later)."""
+    import pypdfium2.raw as raw
+
+    if "\ufffe" not in text:
+        return text
+    chars = list(text)
+    for i, ch in enumerate(chars):
+        if ch == "\ufffe":
+            code = raw.FPDFText_GetUnicode(textpage, start + i)
+            chars[i] = "\x02" if code == 2 else "\x00"
+    return "".join(chars)
+
+
+def clean_segment_text(text: str) -> tuple[str, int]:
+    """Remove control characters from a segment's text but keep PDFium's hyphen marker ``\x02``
+    (turned into "-" when lines are joined). Returns ``(text, removed)``."""
+    text = text.replace("\x02", "\ue000")
+    text, removed = remove_control_chars(text)
+    return text.replace("\ue000", "\x02"), removed
+
+
+def page_segments(page: Any) -> tuple[list[Segment], int, Any]:
+    """Segments of one page: ``(segments, rotated_chars_dropped, textpage)``. The caller closes
+    ``textpage`` after it has used the segments (table cells read character boxes lazily)."""
+    import pypdfium2.raw as raw
+
+    width, height = page.get_size()
+    textpage = page.get_textpage()
+    tp = textpage.raw
+    n_chars = textpage.count_chars()
+    if n_chars <= 0:
+        return [], 0, textpage
+    text = textpage.get_text_range()
+    if len(text) != n_chars:  # astral characters: rebuild index-aligned text char by char
+        text = "".join(chr(raw.FPDFText_GetUnicode(tp, i) or 0xFFFE) for i in range(n_chars))
+    text = _fix_markers(text, 0, tp)
+    boxes = _CharBoxes(tp)
+    segments: list[Segment] = []
+    rotated: list[tuple[Segment, int]] = []
+    pos = 0
+    for line in text.split("\r\n"):
+        start = pos
+        pos += len(line) + 2
+        if not line.strip():
+            continue
+        k = textpage.count_rects(start, len(line))
+        if k <= 0:
+            continue
+        rects = [textpage.get_rect(i) for i in range(k)]
+        first = start + next((i for i, ch in enumerate(line) if not ch.isspace()), 0)
+        size = raw.FPDFText_GetFontSize(tp, first) or (rects[0][3] - rects[0][1]) or 10.0
+        angle = raw.FPDFText_GetCharAngle(tp, first)
+        if angle > 0.05 and abs(angle - 2 * math.pi) > 0.05:
+            seg = _segment(rects, range(k), line.strip(), size, height)
+            rotated.append((seg, len(line.strip())))
+            continue
+        groups = _rect_groups(rects, size) if k > 1 else [[0]]
+        if len(groups) == 1:
+            seg = _segment(rects, groups[0], line, size, height)
+            if k > 1:
+                seg.pending = (start, rects, line, boxes, height)
+            segments.append(seg)
+            continue
+        per_rect = _split_by_rects(line, start, rects, boxes)
+        for group in groups:
+            seg = _segment(rects, group, "".join(per_rect[i] for i in group), size, height)
+            seg.atoms = [_segment(rects, [i], per_rect[i], size, height) for i in group if per_rect[i].strip()]
+            segments.append(seg)
+    segments = [s for s in segments if s.text]
+    dropped = 0
+    if rotated:
+        xs0 = min((s.x0 for s in segments), default=0.1 * width)
+        xs1 = max((s.x1 for s in segments), default=0.9 * width)
+        for seg, n in rotated:
+            cx = (seg.x0 + seg.x1) / 2
+            if cx < xs0 or cx > xs1 or cx < 0.1 * width or cx > 0.9 * width:
+                dropped += n  # a rotated stamp in the margin (e.g. arXiv identifier)
+            else:
+                segments.append(seg)
+    return segments, dropped, textpage
+
+
+def _segment(rects: list[tuple[float, float, float, float]], indices: Any, text: str, size: float, height: float) -> Segment:
+    l_ = min(rects[i][0] for i in indices)
+    b_ = min(rects[i][1] for i in indices)
+    r_ = max(rects[i][2] for i in indices)
+    t_ = max(rects[i][3] for i in indices)
+    return Segment(l_, height - t_, r_, height - b_, text.strip(), size)
+
+
+def _atoms(seg: Segment) -> list[Segment]:
+    """The finer runs of a segment (one per PDFium rectangle), for table cells."""
+    if seg.atoms is not None:
+        return seg.atoms
+    if seg.pending is None:
+        seg.atoms = [seg]
+        return seg.atoms
+    start, rects, line, boxes, height = seg.pending
+    texts = _split_by_rects(line, start, rects, boxes)
+    atoms = []
+    for i, text in enumerate(texts):
+        text = clean_segment_text(text)[0].strip()
+        if text:
+            atoms.append(_segment(rects, [i], text, seg.size, height))
+    seg.atoms = atoms or [seg]
+    return seg.atoms
+
+
+# --- rows, regions, tables ------------------------------------------------------------------------
+
+
+def _rows(segments: list[Segment]) -> list[list[Segment]]:
+    """Group segments into visual rows (vertical overlap), top to bottom; each row left to right."""
+    rows: list[list[Segment]] = []
+    bands: list[tuple[float, float]] = []
+    for seg in sorted(segments, key=lambda s: (s.top, s.x0)):
+        if rows:
+            top, bottom = bands[-1]
+            overlap = min(bottom, seg.bottom) - max(top, seg.top)
+            if overlap >= 0.4 * max(1e-3, min(bottom - top, seg.height)):
+                rows[-1].append(seg)
+                bands[-1] = (min(top, seg.top), max(bottom, seg.bottom))
+                continue
+        rows.append([seg])
+        bands.append((seg.top, seg.bottom))
+    for row in rows:
+        row.sort(key=lambda s: s.x0)
+    return rows
+
+
+def _median_size(segments: list[Segment]) -> float:
+    sizes = [s.size for s in segments if s.size > 0]
+    return statistics.median(sizes) if sizes else 10.0
+
+
+def _gaps(intervals: list[tuple[float, float]], min_gap: float) -> list[tuple[float, float]]:
+    """Internal gaps (start, end) of at least ``min_gap`` in the union of ``intervals``."""
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(merged[i][1], merged[i + 1][0]) for i in range(len(merged) - 1) if merged[i + 1][0] - merged[i][1] >= min_gap]
+
+
+def _text_like(segments: list[Segment]) -> bool:
+    if len(segments) < 2:
+        return False
+    return sum(len(s.text) for s in segments) / len(segments) >= 12
+
+
+def _vertical_cut(segments: list[Segment], size: float) -> tuple[list[Segment], list[Segment]] | None:
+    gaps = _gaps([(s.x0, s.x1) for s in segments], max(3.0, 0.5 * size))
+    for start, end in sorted(gaps, key=lambda g: g[1] - g[0], reverse=True):
+        left = [s for s in segments if s.x1 <= start + 0.01]
+        right = [s for s in segments if s.x0 >= end - 0.01]
+        if _text_like(left) and _text_like(right) and len(_rows(left)) >= 2 and len(_rows(right)) >= 2:
+            return left, right
+    return None
+
+
+def _horizontal_cut(segments: list[Segment], size: float) -> list[list[Segment]] | None:
+    gaps = _gaps([(s.top, s.bottom) for s in segments], PARA_GAP_EM * size)
+    if not gaps:
+        return None
+    bands: list[list[Segment]] = [[] for _ in range(len(gaps) + 1)]
+    for seg in segments:
+        index = sum(1 for g in gaps if seg.top >= g[1] - 0.01)
+        bands[index].append(seg)
+    return [b for b in bands if b]
+
+
+def _table_columns(rows: list[list[Segment]], size: float) -> list[tuple[float, float]]:
+    atoms = [a for row in rows for s in row for a in _atoms(s)]
+    merged: list[list[float]] = []
+    for a, b in sorted((a.x0, a.x1) for a in atoms):
+        if merged and a <= merged[-1][1] + 0.5:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _table_grid(rows: list[list[Segment]], columns: list[tuple[float, float]]) -> list[list[str]]:
+    grid = []
+    for row in rows:
+        cells = [[] for _ in columns]
+        for seg in row:
+            for atom in _atoms(seg):
+                cx = (atom.x0 + atom.x1) / 2
+                j = next((k for k, (a, b) in enumerate(columns) if a - 0.5 <= cx <= b + 0.5), None)
+                if j is None:
+                    j = min(range(len(columns)), key=lambda k: abs((columns[k][0] + columns[k][1]) / 2 - cx))
+                cells[j].append(atom.text)
+        grid.append([" ".join(c) for c in cells])
+    return grid
+
+
+def _find_table(rows: list[list[Segment]], size: float) -> tuple[int, int, list[list[str]]] | None:
+    """First run of >= 3 rows with >= 2 segments each that lines up into >= 2 short-celled columns:
+    ``(first_row, end_row, grid)``."""
+    i = 0
+    n = len(rows)
+    while i < n:
+        if len(rows[i]) < 2:
+            i += 1
+            continue
+        j = i
+        while j + 1 < n and len(rows[j + 1]) >= 2 and rows[j + 1][0].top - max(s.bottom for s in rows[j]) < 2.5 * size:
+            j += 1
+        if j - i + 1 >= 3:
+            run = rows[i : j + 1]
+            columns = _table_columns(run, size)
+            if 2 <= len(columns) <= 30:
+                grid = _table_grid(run, columns)
+                cells = [c for r in grid for c in r if c]
+                filled_rows = sum(1 for r in grid if sum(1 for c in r if c) >= 2)
+                if cells and sum(len(c) for c in cells) / len(cells) <= MAX_TABLE_CELL_CHARS and filled_rows >= 0.6 * len(grid):
+                    return i, j + 1, grid
+        i = j + 1
+    return None
+
+
+# --- paragraphs ----------------------------------------------------------------------------------
+
+
+def _is_word(word: str) -> bool | None:
+    return is_known_word(word)
+
+
+def _row_text(row: list[Segment]) -> str:
+    return " ".join(s.text for s in row).replace("\x02", "-")
+
+
+def _paragraphs(segments: list[Segment], body_size: float) -> list[tuple[str, float, int]]:
+    """Paragraphs of one region as ``(text, font_size, rows)``."""
+    rows = _rows(segments)
+    if not rows:
+        return []
+    x0 = min(s.x0 for s in segments)
+    x1 = max(s.x1 for s in segments)
+    paras: list[tuple[list[str], float, int]] = []
+    prev = None
+    for row in rows:
+        text = _row_text(row)
+        size = max(s.size for s in row)
+        left, right = row[0].x0, row[-1].x1
+        new = prev is None
+        if prev is not None:
+            p_text, p_size, p_left, p_right, p_bottom = prev
+            gap = row[0].top - p_bottom
+            short_prev = p_right < x1 - 2 * size
+            indented = left > x0 + 0.8 * size and left - p_left > 0.8 * size
+            if (
+                gap > PARA_GAP_EM * size
+                or abs(size - p_size) > 0.15 * max(size, p_size)
+                or _BULLET_RE.match(text)
+                or (short_prev and (p_text.rstrip().endswith((".", ":", "!", "?")) or indented))
+                or (indented and short_prev)
+            ):
+                new = True
+        if new:
+            paras.append(([text], size, 1))
+        else:
+            lines, s, count = paras[-1]
+            lines.append(text)
+            paras[-1] = (lines, s, count + 1)
+        prev = (text, size, left, right, max(s.bottom for s in row))
+    return [(join_lines(lines, _is_word), size, count) for lines, size, count in paras]
+
+
+def _render_paragraph(text: str, size: float, rows: int, body_size: float) -> tuple[str, bool]:
+    """Markdown for one paragraph; ``(markdown, is_heading)``."""
+    stripped = text.strip()
+    if not stripped:
+        return "", False
+    if rows <= 2 and len(stripped) <= 200 and size >= 1.25 * body_size and not stripped.endswith((".", ",")):
+        level = 1 if size >= 1.6 * body_size else 2
+        return "#" * level + " " + stripped, True
+    if rows == 1 and len(stripped) <= 90 and _SECTION_RE.match(stripped) and len(stripped.split()) <= 10:
+        return "## " + stripped, True
+    bullet = _BULLET_RE.match(stripped)
+    if bullet and bullet.group(1) in "•◦▪▫●○■□➢►▶∙·*-–—":
+        return "- " + stripped[bullet.end() :], False
+    if stripped.startswith(("#", ">", "|")):
+        stripped = "\\" + stripped
+    return stripped, False
+
+
+def _order(segments: list[Segment], size: float, out: list[tuple[str, Any]]) -> None:
+    """Recursive XY-cut; appends ("para", [segments]) and ("table", grid) in reading order."""
+    if not segments:
+        return
+    cut = _vertical_cut(segments, size)
+    if cut is not None:
+        _order(cut[0], size, out)
+        _order(cut[1], size, out)
+        return
+    rows = _rows(segments)
+    if len(rows) >= 3:
+        found = _find_table(rows, size)
+        if found is not None:
+            first, end, grid = found
+            _order([s for r in rows[:first] for s in r], size, out)
+            out.append(("table", grid))
+            _order([s for r in rows[end:] for s in r], size, out)
+            return
+    bands = _horizontal_cut(segments, size)
+    if bands is not None and len(bands) > 1:
+        for band in bands:
+            _order(band, size, out)
+        return
+    out.append(("para", segments))
+
+
+def extract_page(page: Any) -> PageText:
+    """Markdown blocks of one page in reading order (see module docstring)."""
+    segments, rotated_dropped, textpage = page_segments(page)
+    try:
+        return _layout(segments, rotated_dropped)
+    finally:
+        textpage.close()
+
+
+def _layout(segments: list[Segment], rotated_dropped: int) -> PageText:
+    removed = 0
+    for seg in segments:
+        seg.text, n = clean_segment_text(seg.text)
+        removed += n
+        for atom in seg.atoms or []:
+            atom.text = clean_segment_text(atom.text)[0].strip()
+    segments = [s for s in segments if s.text.strip()]
+    if not segments:
+        return PageText(blocks=[], lines_top=[], lines_bottom=[], removed_control_chars=removed, rotated_dropped=rotated_dropped)
+    body_size = _median_size(segments)
+    ordered: list[tuple[str, Any]] = []
+    _order(segments, body_size, ordered)
+    blocks: list[str] = []
+    tables = headings = 0
+    for kind, payload in ordered:
+        if kind == "table":
+            table = grid_to_markdown(payload)
+            if table:
+                blocks.append(table)
+                tables += 1
+            continue
+        for text, size, nrows in _paragraphs(payload, body_size):
+            block, is_heading = _render_paragraph(text, size, nrows, body_size)
+            if block:
+                blocks.append(block)
+                headings += is_heading
+    all_rows = _rows(segments)
+    lines_top = [_row_text(r) for r in all_rows[:2]]
+    lines_bottom = [_row_text(r) for r in all_rows[-2:]]
+    return PageText(
+        blocks=blocks,
+        lines_top=lines_top,
+        lines_bottom=lines_bottom,
+        char_count=sum(len(b) for b in blocks),
+        removed_control_chars=removed,
+        rotated_dropped=rotated_dropped,
+        tables=tables,
+        headings=headings,
+    )
