@@ -161,6 +161,8 @@ class FakeDrive:
     service_account_keys: dict[str, bytes] = field(default_factory=dict)
     oauth_clients: dict[str, tuple[str, str]] = field(default_factory=dict)
     base_url: str = ""
+    hide_listing: bool = False
+    """A glitch: ``files.list`` answers with no files (every page complete and empty)."""
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -447,7 +449,7 @@ class FakeDrive:
             return _error(400, "invalidQuery", f"fake cannot evaluate q={query!r}")
         items = [
             r for r in self.files.values()
-            if not r["trashed"] and self._visible(r, params)
+            if not self.hide_listing and not r["trashed"] and self._visible(r, params)
             and (parent is None or parent in r.get("parents", []))
             and (corpora != "drive" or r.get("driveId") == drive_id)
         ]

@@ -83,6 +83,8 @@ class FakeGraph:
     cdn_auth_headers: int = 0
     repeat_next_link: bool = False
     empty_pages: int = 0
+    hide_items: bool = False
+    """A glitch: a fresh delta enumeration returns the drive root only."""
     base_url: str = ""
     cdn_url: str = ""
 
@@ -90,7 +92,7 @@ class FakeGraph:
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._seq = 0
-        self._gone_before = 0
+        self._generation = 0
         self._faults: list[_Fault] = []
         self._access_tokens: set[str] = set()
         self.recycle_bin: dict[str, dict[str, Any]] = {}
@@ -253,7 +255,7 @@ class FakeGraph:
     def expire_tokens(self) -> None:
         """Every delta token issued so far now answers 410 Gone (``resyncRequired``)."""
         with self._lock:
-            self._gone_before = self._seq + 1
+            self._generation += 1
 
     # ---- HTTP ----------------------------------------------------------------------------------
 
@@ -360,7 +362,7 @@ class FakeGraph:
         token = query.get("token")
         select = query.get("$select")
         if token == "latest":
-            return _json({"value": [], "@odata.deltaLink": self._link({"since": self._seq, "s": select})})
+            return _json({"value": [], "@odata.deltaLink": self._link({"since": self._seq, "s": select, "g": self._generation})})
         if token is None:
             state = {"since": None, "upto": self._seq, "o": 0, "s": select, "e": self.empty_pages}
         else:
@@ -369,7 +371,7 @@ class FakeGraph:
             except ValueError:
                 return _error(400, "invalidRequest", "Invalid token")
             if "upto" not in state:  # a delta link: start a new change range
-                if state["since"] < self._gone_before:
+                if state.get("g") != self._generation:
                     return _error(410, "resyncRequired", "Resync required. Replace any local items with the server's version (including deletes) if you're sure that the service was up to date with your local changes when you last sync'd. Upload any local changes that the server doesn't know about.")
                 state = {"since": state["since"], "upto": self._seq, "o": 0, "s": state.get("s"), "e": self.empty_pages}
                 if self.repeat_next_link:
@@ -381,7 +383,7 @@ class FakeGraph:
         if state.get("e"):
             return _json({"value": [], "@odata.nextLink": self._link({**state, "e": state["e"] - 1})})
         if state["since"] is None:
-            entries = [copy.deepcopy(i) for i in self._tree_order()]
+            entries = [copy.deepcopy(i) for i in self._tree_order()][: 1 if self.hide_items else None]
         else:
             entries = [snap for seq, snap in self.log if state["since"] < seq <= state["upto"]]
         offset = state["o"]
@@ -390,7 +392,7 @@ class FakeGraph:
         if offset + self.page_limit < len(entries):
             body["@odata.nextLink"] = self._link({**state, "o": offset + self.page_limit})
         else:
-            body["@odata.deltaLink"] = self._link({"since": state["upto"], "s": select})
+            body["@odata.deltaLink"] = self._link({"since": state["upto"], "s": select, "g": self._generation})
         return _json(body)
 
     def _fixture_page(self, request: Request) -> Response:
