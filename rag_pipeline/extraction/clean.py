@@ -58,12 +58,21 @@ _CJK_RANGES = (
 _CJK_RUN_RE = re.compile(f"[{_CJK_RANGES}]+")
 
 
+_STRAY_MARK_RE = re.compile(r"(?<=[\s(\[])[\u0300-\u036f]+|^[\u0300-\u036f]+", re.MULTILINE)
+
+
 def normalize_unicode(text: str) -> str:
     """NFKC-normalise ``text`` (ligatures such as U+FB01 become "fi", full-width ASCII becomes ASCII,
     non-breaking spaces become spaces) while leaving CJK characters (kana, Hangul, ideographs, CJK
-    punctuation and compatibility forms) exactly as they are."""
+    punctuation and compatibility forms) exactly as they are. Combining accents left stranded after
+    a space (a PDF's spacing breve "˘" placed apart from its letter) are dropped."""
     if text.isascii():
         return text
+    text = _normalize(text)
+    return _STRAY_MARK_RE.sub("", text) if "\u0300" <= max(text) else text
+
+
+def _normalize(text: str) -> str:
     out: list[str] = []
     pos = 0
     for match in _CJK_RUN_RE.finditer(text):
@@ -80,11 +89,13 @@ def normalize_unicode(text: str) -> str:
 
 _FENCE_RE = re.compile(r"^\s{0,3}(```|~~~)")
 _SPACES_RE = re.compile(r"[ \t\u00a0\u2000-\u200a\u202f\u205f]+")
+_LIST_INDENT_RE = re.compile(r"^([ \t]+)(?:[-*+]|\d{1,3}[.)]) ")
 
 
 def normalize_whitespace(markdown: str) -> str:
     """Collapse runs of spaces/tabs inside lines to one space, strip line ends and keep at most one
-    blank line between blocks. Lines inside fenced code blocks keep their indentation and tabs.
+    blank line between blocks. Lines inside fenced code blocks keep their indentation and tabs;
+    nested list items keep their indentation (at most 12 spaces).
     Leading/trailing blank lines are removed."""
     out: list[str] = []
     in_fence = False
@@ -98,7 +109,10 @@ def normalize_whitespace(markdown: str) -> str:
         if in_fence:
             out.append(line.rstrip())
             continue
+        indent = _LIST_INDENT_RE.match(line)
         line = _SPACES_RE.sub(" ", line).strip()
+        if indent and line:
+            line = " " * min(len(indent.group(1).expandtabs(4)), 12) + line
         if not line:
             blank += 1
             if blank > 1:
@@ -133,21 +147,24 @@ _WORD_START_RE = re.compile(r"^([^\W\d_]+)")
 def join_hyphenated(left: str, right: str, is_word=None) -> str:
     """Join two lines where ``left`` ends with a hyphen: return the joined text without the line break.
 
-    The hyphen is dropped only when it is clearly a line-break hyphen: the fragment before it has at
-    least two letters and is lower case, the line that follows starts with a lower-case letter, and
-    (when ``is_word`` is given, a callable ``str -> bool | None``) the joined word is known while the
-    hyphenated form is not. When unsure the hyphen is kept ("n-" + "tridecanal" -> "n-tridecanal").
+    The hyphen is dropped only when it is clearly a line-break hyphen: the line that follows starts
+    with a lower-case letter and the joined word is a known word (``is_word``, a callable
+    ``str -> bool | None``: True known, False unknown, None no verdict, e.g. non-Latin script).
+    Without a verdict the fragment must have at least two lower-case letters. When unsure the
+    hyphen is kept ("n-" + "tridecanal" -> "n-tridecanal"; "dual-" + "encoder" -> "dual-encoder").
     """
     m_left = _WORD_END_RE.search(left)
     m_right = _WORD_START_RE.match(right)
     if m_left is None or m_right is None:
         return left + right
     frag, cont = m_left.group(1), m_right.group(1)
-    drop = len(frag) >= 2 and frag.islower() and cont[:1].islower()
-    if drop and is_word is not None:
-        verdict = is_word(frag + cont)
-        if verdict is False:
-            drop = False
+    drop = False
+    if cont[:1].islower():
+        verdict = is_word(frag + cont) if is_word is not None else None
+        if verdict is None:
+            drop = len(frag) >= 2 and frag.islower()
+        else:
+            drop = verdict
     if drop:
         return left[:-1] + right
     return left + right

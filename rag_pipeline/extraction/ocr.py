@@ -7,6 +7,7 @@ Pages are rendered by the caller (pypdfium2) and passed as PIL images. Languages
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
 from functools import lru_cache
@@ -70,4 +71,19 @@ def ocr_image(image: Any, languages: list[str]) -> tuple[str, int]:
     buf.seek(0)
     elements = partition_image(file=buf, strategy="ocr_only", languages=languages)
     markdown, counts, _tables = elements_to_markdown(elements)
-    return markdown, sum(counts.values())
+    return rejoin_hyphenated(markdown), sum(counts.values())
+
+
+_SPLIT_WORD_RE = re.compile(r"\b([^\W\d_]{2,})- ([a-z][^\W\d_]*)")
+
+
+def rejoin_hyphenated(text: str) -> str:
+    """Join words that OCR output split at a line end ("mem- bership" -> "membership") when the
+    joined word is a known word; otherwise leave the text as it is."""
+    from .quality import is_known_word
+
+    def repl(match: re.Match[str]) -> str:
+        joined = match.group(1) + match.group(2)
+        return joined if is_known_word(joined) else match.group(0)
+
+    return _SPLIT_WORD_RE.sub(repl, text)

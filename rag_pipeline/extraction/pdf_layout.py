@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .clean import join_lines, remove_control_chars
+from .pdf_fonts import DROPPED, FontRepairs, apply_repairs
 from .quality import is_known_word
 from .tables import grid_to_markdown
 
@@ -52,6 +53,7 @@ class Segment:
     bottom: float
     text: str
     size: float
+    weight: int = 400  # font weight of the line's first character (700 = bold)
     atoms: list[Segment] | None = None  # finer runs (PDFium rectangles), for table cells
     pending: tuple[Any, ...] | None = None  # what is needed to compute ``atoms`` on demand
 
@@ -171,14 +173,15 @@ def _fix_markers(text: str, start: int, textpage: Any) -> str:
 def clean_segment_text(text: str) -> tuple[str, int]:
     """Remove control characters from a segment's text but keep PDFium's hyphen marker ``\x02``
     (turned into "-" when lines are joined). Returns ``(text, removed)``."""
-    text = text.replace("\x02", "\ue000")
+    text = text.replace("\x02", "\ue000").replace(DROPPED, "")
     text, removed = remove_control_chars(text)
     return text.replace("\ue000", "\x02"), removed
 
 
-def page_segments(page: Any) -> tuple[list[Segment], int, Any]:
-    """Segments of one page: ``(segments, rotated_chars_dropped, textpage)``. The caller closes
-    ``textpage`` after it has used the segments (table cells read character boxes lazily)."""
+def page_segments(page: Any, repairs: FontRepairs | None = None) -> tuple[list[Segment], int, int, Any]:
+    """Segments of one page: ``(segments, rotated_chars_dropped, repaired_control_chars, textpage)``. The caller closes
+    ``textpage`` after it has used the segments (table cells read character boxes lazily).
+    ``repairs``: the document's broken ToUnicode entries (``pdf_fonts.find_repairs``)."""
     import pypdfium2.raw as raw
 
     width, height = page.get_size()
@@ -186,12 +189,26 @@ def page_segments(page: Any) -> tuple[list[Segment], int, Any]:
     tp = textpage.raw
     n_chars = textpage.count_chars()
     if n_chars <= 0:
-        return [], 0, textpage
+        return [], 0, 0, textpage
     text = textpage.get_text_range()
     if len(text) != n_chars:  # astral characters: rebuild index-aligned text char by char
         text = "".join(chr(raw.FPDFText_GetUnicode(tp, i) or 0xFFFE) for i in range(n_chars))
     text = _fix_markers(text, 0, tp)
     boxes = _CharBoxes(tp)
+    table: dict[int, str | None] = {}
+    repaired_controls = 0
+    if repairs:
+        before = text
+        text, placeholders = apply_repairs(
+            text,
+            repairs,
+            lambda i: _font_name(tp, i),
+            lambda start, n: len({boxes.box(start + k) for k in range(n)}) == 1,
+        )
+        table = {ord(k): v for k, v in placeholders.items()}
+        # control characters (U+0000 glyphs) that a repair replaced were removed all the same
+        repaired_controls = sum(1 for a, b in zip(before, text) if a != b and a < " " and a not in "\t\n\x02")
+    loose = raw.FS_RECTF()
     segments: list[Segment] = []
     rotated: list[tuple[Segment, int]] = []
     pos = 0
@@ -205,15 +222,20 @@ def page_segments(page: Any) -> tuple[list[Segment], int, Any]:
             continue
         rects = [textpage.get_rect(i) for i in range(k)]
         first = start + next((i for i, ch in enumerate(line) if not ch.isspace()), 0)
-        size = raw.FPDFText_GetFontSize(tp, first) or (rects[0][3] - rects[0][1]) or 10.0
+        # median of the first, middle and last character: a line may start with a superscript or a brace
+        last = start + len(line.rstrip()) - 1
+        sizes = sorted(_char_size(tp, i, loose) for i in (first, (first + last) // 2, last))
+        size = sizes[1] or sizes[2] or (rects[0][3] - rects[0][1]) or 10.0
         angle = raw.FPDFText_GetCharAngle(tp, first)
         if angle > 0.05 and abs(angle - 2 * math.pi) > 0.05:
             seg = _segment(rects, range(k), line.strip(), size, height)
-            rotated.append((seg, len(line.strip())))
+            rotated.append((seg, len(line.strip()), round(angle / (math.pi / 2)) % 4))
             continue
+        weight = raw.FPDFText_GetFontWeight(tp, first)
         groups = _rect_groups(rects, size) if k > 1 else [[0]]
         if len(groups) == 1:
             seg = _segment(rects, groups[0], line, size, height)
+            seg.weight = weight
             if k > 1:
                 seg.pending = (start, rects, line, boxes, height)
             segments.append(seg)
@@ -221,20 +243,76 @@ def page_segments(page: Any) -> tuple[list[Segment], int, Any]:
         per_rect = _split_by_rects(line, start, rects, boxes)
         for group in groups:
             seg = _segment(rects, group, "".join(per_rect[i] for i in group), size, height)
-            seg.atoms = [_segment(rects, [i], per_rect[i], size, height) for i in group if per_rect[i].strip()]
+            seg.weight = weight
+            seg.atoms = _merge_touching([_segment(rects, [i], per_rect[i], size, height) for i in group if per_rect[i].strip()])
             segments.append(seg)
+    if table:
+        for seg in segments:
+            seg.text = seg.text.translate(table)
+            for atom in seg.atoms or []:
+                atom.text = atom.text.translate(table)
+            if seg.pending is not None:
+                seg.pending = (*seg.pending, table)
     segments = [s for s in segments if s.text]
     dropped = 0
+    rotated_chars = sum(n for _, n, _ in rotated)
+    if rotated_chars > sum(len(s.text) for s in segments):
+        # the page's text is rotated (a landscape page printed sideways): read it in its own frame
+        counts: dict[int, int] = {}
+        for _, n, quarter in rotated:
+            counts[quarter] = counts.get(quarter, 0) + n
+        main = max(counts, key=counts.__getitem__)
+        dropped = sum(len(s.text) for s in segments) + sum(n for _, n, q in rotated if q != main)
+        segments = [_to_text_frame(seg, main, width, height) for seg, _, q in rotated if q == main]
+        rotated = []
     if rotated:
         xs0 = min((s.x0 for s in segments), default=0.1 * width)
         xs1 = max((s.x1 for s in segments), default=0.9 * width)
-        for seg, n in rotated:
+        for seg, n, _ in rotated:
             cx = (seg.x0 + seg.x1) / 2
             if cx < xs0 or cx > xs1 or cx < 0.1 * width or cx > 0.9 * width:
                 dropped += n  # a rotated stamp in the margin (e.g. arXiv identifier)
             else:
                 segments.append(seg)
-    return segments, dropped, textpage
+    return segments, dropped, repaired_controls, textpage
+
+
+_FONT_BUFFER = ctypes.create_string_buffer(256)
+
+
+def _font_name(tp: Any, index: int) -> str:
+    """Base font name of a character as PDFium reports it (no subset prefix)."""
+    import pypdfium2.raw as raw
+
+    flags = ctypes.c_int()
+    n = raw.FPDFText_GetFontInfo(tp, index, _FONT_BUFFER, 256, ctypes.byref(flags))
+    name = _FONT_BUFFER.value.decode("latin-1") if n else ""
+    return name.split("+", 1)[1] if "+" in name[:8] else name
+
+
+def _char_size(tp: Any, index: int, rect: Any) -> float:
+    """Effective size of a character: the height of its loose box (font ascent to descent, with the
+    text matrix applied; ``FPDFText_GetFontSize`` ignores the matrix and says 1.0 for scaled
+    fonts), or 0 when unknown."""
+    import pypdfium2.raw as raw
+
+    if raw.FPDFText_GetLooseCharBox(tp, index, rect):
+        return max(0.0, rect.top - rect.bottom)
+    return 0.0
+
+
+def _to_text_frame(seg: Segment, quarter: int, width: float, height: float) -> Segment:
+    """Map a rotated segment's box into the frame where its text runs left to right and lines
+    advance downwards. ``quarter``: PDFium's character angle in quarter turns (3 = reading upwards,
+    1 = reading downwards, 2 = upside down)."""
+    x0, top, x1, bottom = seg.x0, seg.top, seg.x1, seg.bottom
+    if quarter == 3:
+        box = (height - bottom, x0, height - top, x1)
+    elif quarter == 1:
+        box = (top, width - x1, bottom, width - x0)
+    else:
+        box = (width - x1, height - bottom, width - x0, height - top)
+    return Segment(box[0], box[1], box[2], box[3], seg.text, max(1.0, 0.9 * (box[3] - box[1])), seg.weight)
 
 
 def _segment(rects: list[tuple[float, float, float, float]], indices: Any, text: str, size: float, height: float) -> Segment:
@@ -252,15 +330,33 @@ def _atoms(seg: Segment) -> list[Segment]:
     if seg.pending is None:
         seg.atoms = [seg]
         return seg.atoms
-    start, rects, line, boxes, height = seg.pending
+    start, rects, line, boxes, height, *rest = seg.pending
     texts = _split_by_rects(line, start, rects, boxes)
+    if rest:
+        texts = [t.translate(rest[0]) for t in texts]
     atoms = []
     for i, text in enumerate(texts):
         text = clean_segment_text(text)[0].strip()
         if text:
             atoms.append(_segment(rects, [i], text, seg.size, height))
-    seg.atoms = atoms or [seg]
+    seg.atoms = _merge_touching(atoms) or [seg]
     return seg.atoms
+
+
+def _merge_touching(atoms: list[Segment]) -> list[Segment]:
+    """Merge runs that touch (a superscript, a font change inside a word) into one atom."""
+    merged: list[Segment] = []
+    for atom in atoms:
+        if merged:
+            last = merged[-1]
+            if atom.x0 - last.x1 < 0.15 * max(last.size, atom.size) and atom.x0 >= last.x0:
+                merged[-1] = Segment(
+                    last.x0, min(last.top, atom.top), max(last.x1, atom.x1), max(last.bottom, atom.bottom),
+                    last.text + atom.text, max(last.size, atom.size),
+                )
+                continue
+        merged.append(atom)
+    return merged
 
 
 # --- rows, regions, tables ------------------------------------------------------------------------
@@ -285,9 +381,14 @@ def _rows(segments: list[Segment]) -> list[list[Segment]]:
     return rows
 
 
-def _median_size(segments: list[Segment]) -> float:
-    sizes = [s.size for s in segments if s.size > 0]
-    return statistics.median(sizes) if sizes else 10.0
+def _body_size(segments: list[Segment]) -> float:
+    """The size that carries the most characters on the page (rounded to 0.25 pt)."""
+    weights: dict[float, int] = {}
+    for seg in segments:
+        if seg.size > 0:
+            key = round(seg.size * 4) / 4
+            weights[key] = weights.get(key, 0) + len(seg.text)
+    return max(weights, key=weights.__getitem__) if weights else 10.0
 
 
 def _gaps(intervals: list[tuple[float, float]], min_gap: float) -> list[tuple[float, float]]:
@@ -354,9 +455,19 @@ def _table_grid(rows: list[list[Segment]], columns: list[tuple[float, float]]) -
     return grid
 
 
-def _find_table(rows: list[list[Segment]], size: float) -> tuple[int, int, list[list[str]]] | None:
+def _numbered_listing(grid: list[list[str]]) -> bool:
+    """True when the first column only numbers the lines (a code listing with line numbers)."""
+    first = [row[0].strip() for row in grid]
+    if not all(c.isdigit() for c in first):
+        return False
+    numbers = [int(c) for c in first]
+    return numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+
+
+def _find_table(rows: list[list[Segment]], size: float) -> tuple[int, int, list[list[str]], str] | None:
     """First run of >= 3 rows with >= 2 segments each that lines up into >= 2 short-celled columns:
-    ``(first_row, end_row, grid)``."""
+    ``(first_row, end_row, grid, "table")``; a run whose first column numbers the lines is a code
+    listing: ``(first_row, end_row, [[line], ...], "code")``."""
     i = 0
     n = len(rows)
     while i < n:
@@ -373,8 +484,14 @@ def _find_table(rows: list[list[Segment]], size: float) -> tuple[int, int, list[
                 grid = _table_grid(run, columns)
                 cells = [c for r in grid for c in r if c]
                 filled_rows = sum(1 for r in grid if sum(1 for c in r if c) >= 2)
-                if cells and sum(len(c) for c in cells) / len(cells) <= MAX_TABLE_CELL_CHARS and filled_rows >= 0.6 * len(grid):
-                    return i, j + 1, grid
+                if _numbered_listing(grid):
+                    return i, j + 1, [[_row_text(r)] for r in run], "code"
+                if (
+                    cells
+                    and sum(len(c) for c in cells) / len(cells) <= MAX_TABLE_CELL_CHARS
+                    and filled_rows >= 0.6 * len(grid)
+                ):
+                    return i, j + 1, grid, "table"
         i = j + 1
     return None
 
@@ -386,18 +503,24 @@ def _is_word(word: str) -> bool | None:
     return is_known_word(word)
 
 
+_SPACE_BEFORE_PUNCT_RE = re.compile(r"(?<=\w) +(?=[,.;:!?](?:\s|$))")
+
+
 def _row_text(row: list[Segment]) -> str:
-    return " ".join(s.text for s in row).replace("\x02", "-")
+    text = " ".join(s.text for s in row).replace("\x02", "-")
+    # PDF word spacing puts blanks before punctuation ("Zhang 2 , Melissa"): not in the text
+    return _SPACE_BEFORE_PUNCT_RE.sub("", text) if " " in text else text
 
 
-def _paragraphs(segments: list[Segment], body_size: float) -> list[tuple[str, float, int]]:
-    """Paragraphs of one region as ``(text, font_size, rows)``."""
+def _paragraphs(segments: list[Segment], body_size: float) -> list[tuple[str, float, int, bool]]:
+    """Paragraphs of one region as ``(text, font_size, rows, first_row_bold)``."""
     rows = _rows(segments)
     if not rows:
         return []
     x0 = min(s.x0 for s in segments)
     x1 = max(s.x1 for s in segments)
     paras: list[tuple[list[str], float, int]] = []
+    bolds: list[bool] = []
     prev = None
     for row in rows:
         text = _row_text(row)
@@ -419,24 +542,28 @@ def _paragraphs(segments: list[Segment], body_size: float) -> list[tuple[str, fl
                 new = True
         if new:
             paras.append(([text], size, 1))
+            bolds.append(all(s.weight >= 600 for s in row))
         else:
             lines, s, count = paras[-1]
             lines.append(text)
             paras[-1] = (lines, s, count + 1)
         prev = (text, size, left, right, max(s.bottom for s in row))
-    return [(join_lines(lines, _is_word), size, count) for lines, size, count in paras]
+    return [(join_lines(lines, _is_word), size, count, bold) for (lines, size, count), bold in zip(paras, bolds)]
 
 
-def _render_paragraph(text: str, size: float, rows: int, body_size: float) -> tuple[str, bool]:
-    """Markdown for one paragraph; ``(markdown, is_heading)``."""
+def _render_paragraph(text: str, size: float, rows: int, body_size: float, bold: bool = False) -> tuple[str, bool]:
+    """Markdown for one paragraph; ``(markdown, is_heading)``. Headings: at most two rows set
+    clearly larger than the body text (``#`` from 1.5x, ``##`` from 1.3x), or one bold row
+    numbered like a section ("3.1 Overview": ``##``/``###`` by depth)."""
     stripped = text.strip()
     if not stripped:
         return "", False
-    if rows <= 2 and len(stripped) <= 200 and size >= 1.25 * body_size and not stripped.endswith((".", ",")):
-        level = 1 if size >= 1.6 * body_size else 2
+    if rows <= 2 and len(stripped) <= 200 and size >= 1.3 * body_size and not stripped.endswith((".", ",")):
+        level = 1 if size >= 1.5 * body_size else 2
         return "#" * level + " " + stripped, True
-    if rows == 1 and len(stripped) <= 90 and _SECTION_RE.match(stripped) and len(stripped.split()) <= 10:
-        return "## " + stripped, True
+    if bold and rows == 1 and len(stripped) <= 90 and _SECTION_RE.match(stripped) and len(stripped.split()) <= 10:
+        level = 2 if stripped.split()[0].rstrip(".").count(".") == 0 else 3
+        return "#" * level + " " + stripped, True
     bullet = _BULLET_RE.match(stripped)
     if bullet and bullet.group(1) in "•◦▪▫●○■□➢►▶∙·*-–—":
         return "- " + stripped[bullet.end() :], False
@@ -458,9 +585,9 @@ def _order(segments: list[Segment], size: float, out: list[tuple[str, Any]]) -> 
     if len(rows) >= 3:
         found = _find_table(rows, size)
         if found is not None:
-            first, end, grid = found
+            first, end, grid, kind = found
             _order([s for r in rows[:first] for s in r], size, out)
-            out.append(("table", grid))
+            out.append((kind, grid))
             _order([s for r in rows[end:] for s in r], size, out)
             return
     bands = _horizontal_cut(segments, size)
@@ -471,11 +598,15 @@ def _order(segments: list[Segment], size: float, out: list[tuple[str, Any]]) -> 
     out.append(("para", segments))
 
 
-def extract_page(page: Any) -> PageText:
-    """Markdown blocks of one page in reading order (see module docstring)."""
-    segments, rotated_dropped, textpage = page_segments(page)
+def extract_page(page: Any, repairs: FontRepairs | None = None) -> PageText:
+    """Markdown blocks of one page in reading order (see module docstring). ``repairs``: broken
+    ligature mappings of the document (``pdf_fonts.ligature_repairs``)."""
+    segments, rotated_dropped, repaired_controls, textpage = page_segments(page, repairs)
     try:
-        return _layout(segments, rotated_dropped)
+        page_text = _layout(segments, rotated_dropped)
+        page_text.removed_control_chars += repaired_controls
+        page_text.extra["repaired_control_chars"] = repaired_controls
+        return page_text
     finally:
         textpage.close()
 
@@ -490,20 +621,23 @@ def _layout(segments: list[Segment], rotated_dropped: int) -> PageText:
     segments = [s for s in segments if s.text.strip()]
     if not segments:
         return PageText(blocks=[], lines_top=[], lines_bottom=[], removed_control_chars=removed, rotated_dropped=rotated_dropped)
-    body_size = _median_size(segments)
+    body_size = _body_size(segments)
     ordered: list[tuple[str, Any]] = []
     _order(segments, body_size, ordered)
     blocks: list[str] = []
     tables = headings = 0
     for kind, payload in ordered:
+        if kind == "code":
+            blocks.append("```\n" + "\n".join(row[0] for row in payload) + "\n```")
+            continue
         if kind == "table":
             table = grid_to_markdown(payload)
             if table:
                 blocks.append(table)
                 tables += 1
             continue
-        for text, size, nrows in _paragraphs(payload, body_size):
-            block, is_heading = _render_paragraph(text, size, nrows, body_size)
+        for text, size, nrows, bold in _paragraphs(payload, body_size):
+            block, is_heading = _render_paragraph(text, size, nrows, body_size, bold)
             if block:
                 blocks.append(block)
                 headings += is_heading

@@ -37,26 +37,38 @@ def is_known_word(word: str) -> bool | None:
     return word_frequency(word.lower()) > 0.0
 
 
-def text_layer_quality(text: str) -> float | None:
-    """Share (0..1) of the Latin-letter tokens of ``text`` that are clean known words; tokens that mix
-    letters with digits or symbols ("3E*»CM", "fc-ugsx") count as garbage. ``None`` when the text has
-    fewer than 20 letter-bearing tokens (no verdict, e.g. CJK text or a short page)."""
-    good = 0
-    total = 0
-    for raw in _TOKEN_RE.findall(text):
+def _sample(text: str, max_chars: int) -> str:
+    """Up to ``max_chars`` of ``text``: the whole text, or 8 evenly spaced slices of it."""
+    if len(text) <= max_chars:
+        return text
+    step = len(text) // 8
+    width = max_chars // 8
+    return " ".join(text[i * step : i * step + width] for i in range(8))
+
+
+def text_layer_quality(text: str, max_chars: int = 40_000) -> float | None:
+    """Share (0..1, weighted by token length up to 12) of the Latin-letter tokens of ``text`` that are
+    clean known words; tokens that mix letters with digits or symbols ("3E*»CM", "fc-ugsx") count as
+    garbage. Long texts are measured
+    on an evenly spread sample of ``max_chars`` characters. ``None`` when the text has fewer than
+    20 letter-bearing tokens (no verdict, e.g. CJK text or a short page)."""
+    good = total = count = 0
+    for raw in _TOKEN_RE.findall(_sample(text, max_chars)):
         token = raw.strip(_STRIP)
         if not token or not any(ch.isalpha() for ch in token):
             continue
         if not any("a" <= ch.lower() <= "z" for ch in token):
             continue  # non-Latin script: no verdict
-        total += 1
+        count += 1
+        weight = min(len(token), 12)
+        total += weight
         if _LATIN_WORD_RE.match(token):
             if len(token) == 1 or word_frequency(token.lower()) > 0.0:
-                good += 1
+                good += weight
         elif re.fullmatch(r"[A-Za-z]+(?:-[A-Za-z]+)+", token) and all(
             word_frequency(part.lower()) > 0 for part in token.split("-")
         ):
-            good += 1
-    if total < 20:
+            good += weight
+    if count < 20:
         return None
     return good / total
