@@ -129,6 +129,17 @@ def test_shortcuts_resolve_to_their_target_once(drive, tree):
     assert docs[tree["cups"]].metadata["shortcut_ids"] == [tree["link_in"]]
 
 
+def test_a_shortcut_target_trashed_and_restored(drive, tree):
+    source = _source(drive, folder_id=tree["top"])
+    cursor = source.list_documents().cursor
+    drive.fake.trash(tree["outside"])                    # the shortcut stays, its target is in the trash
+    trashed = source.changes(cursor)
+    assert trashed.upserts == [] and trashed.deleted_ids == [tree["outside"]]
+    drive.fake.restore(tree["outside"])
+    restored = source.changes(trashed.next_cursor)
+    assert [d.source_id for d in restored.upserts] == [tree["outside"]] and restored.deleted_ids == []
+
+
 def test_a_day_of_changes_through_the_change_feed(drive, tree):
     source = _source(drive, folder_id=tree["top"])
     cursor = source.list_documents().cursor

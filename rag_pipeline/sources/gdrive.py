@@ -210,6 +210,7 @@ class _ScopeState:
     shortcuts: dict[str, str] = field(default_factory=dict)
 
     def encode(self) -> str:
+        """The opaque cursor string (``gdrive1:`` + base64 of zlib-compressed JSON)."""
         raw = json.dumps(
             {"v": 1, "t": self.token, "f": self.folders, "s": self.shortcuts},
             separators=(",", ":"),
@@ -219,6 +220,7 @@ class _ScopeState:
 
     @classmethod
     def decode(cls, cursor: str) -> _ScopeState:
+        """Parse a cursor from :meth:`encode`; raises ``ValueError`` for anything else."""
         if not cursor.startswith(_CURSOR_PREFIX):
             raise ValueError("not a gdrive cursor")
         try:
@@ -374,9 +376,6 @@ class GoogleDriveSource:
         except google.auth.exceptions.TransportError as exc:
             raise SourceError(f"Google token endpoint unreachable: {type(exc).__name__}") from None
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def _drive_params(self) -> dict[str, Any]:
-        return {"supportsAllDrives": True}
 
     def _list_files(self, q: str) -> Iterator[dict[str, Any]]:
         """Every file matching ``q``, all pages; raises ListingIncompleteError on any failure."""

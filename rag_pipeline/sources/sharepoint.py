@@ -150,6 +150,7 @@ class _VerifyingSession(requests.Session):
     """
 
     def merge_environment_settings(self, url, proxies, stream, verify, cert):  # type: ignore[override]
+        """requests' merge, then this session's ``verify`` restored when the call named none."""
         settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
         if verify is None and self.verify is not True:
             settings["verify"] = self.verify
@@ -165,6 +166,7 @@ class _DeltaState:
     folders: list[str] = field(default_factory=list)
 
     def encode(self) -> str:
+        """The opaque cursor string (``graph1:`` + base64 of zlib-compressed JSON)."""
         raw = json.dumps(
             {"v": 1, "l": self.link, "p": self.scope_id, "f": sorted(self.folders)}, separators=(",", ":")
         ).encode("utf-8")
@@ -172,6 +174,7 @@ class _DeltaState:
 
     @classmethod
     def decode(cls, cursor: str) -> _DeltaState:
+        """Parse a cursor from :meth:`encode`; raises ``ValueError`` for anything else."""
         if not cursor.startswith(_CURSOR_PREFIX):
             raise ValueError("not a graph cursor")
         try:

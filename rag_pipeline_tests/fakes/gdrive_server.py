@@ -227,6 +227,7 @@ class FakeDrive:
             return drive_id
 
     def add_folder(self, name: str, parent: str | None = None) -> str:
+        """A folder under ``parent`` (default: My Drive); returns its id."""
         with self._lock:
             parent = parent or self.root_id
             folder_id = self._new_id("dir")
@@ -254,6 +255,7 @@ class FakeDrive:
             return file_id
 
     def add_shortcut(self, name: str, parent: str, target_id: str) -> str:
+        """A shortcut to ``target_id`` (``shortcutDetails`` with the target's MIME type); returns its id."""
         with self._lock:
             shortcut_id = self._new_id("s")
             resource = self._resource(shortcut_id, name, SHORTCUT, [parent], self._drive_of(parent))
@@ -273,6 +275,7 @@ class FakeDrive:
         resource["headRevisionId"] = secrets.token_hex(8)
 
     def update_content(self, file_id: str, content: bytes) -> None:
+        """New content (a new rendition for a native file): new checksums, version, modifiedTime."""
         with self._lock:
             resource = self.files[file_id]
             if resource["mimeType"].startswith("application/vnd.google-apps."):
@@ -284,12 +287,14 @@ class FakeDrive:
             self._record(file_id)
 
     def rename(self, file_id: str, name: str) -> None:
+        """A metadata change: new name and version; content, checksums and modifiedTime stay."""
         with self._lock:
             self.files[file_id]["name"] = name
             self._bump(self.files[file_id])
             self._record(file_id)
 
     def move(self, file_id: str, new_parent: str) -> None:
+        """Move to ``new_parent`` (possibly into or out of a shared drive)."""
         with self._lock:
             resource = self.files[file_id]
             resource["parents"] = [new_parent]
@@ -314,6 +319,7 @@ class FakeDrive:
                 self._record(item_id)
 
     def restore(self, file_id: str) -> None:
+        """Untrash a file and the descendants that were trashed with it (not those trashed on their own)."""
         with self._lock:
             for item_id, explicit in self._with_descendants(file_id):
                 resource = self.files[item_id]
@@ -354,9 +360,11 @@ class FakeDrive:
     # ---- credentials it accepts ----------------------------------------------------------------
 
     def accept_service_account(self, client_email: str, public_key_pem: bytes) -> None:
+        """Accept JWT grants from ``client_email`` signed by the private half of ``public_key_pem``."""
         self.service_account_keys[client_email] = public_key_pem
 
     def accept_oauth_client(self, client_id: str, client_secret: str, refresh_token: str) -> None:
+        """Accept refresh-token grants for this OAuth client and refresh token."""
         self.oauth_clients[client_id] = (client_secret, refresh_token)
 
     # ---- HTTP ----------------------------------------------------------------------------------
@@ -601,6 +609,7 @@ class ServiceAccountKey:
 
     @classmethod
     def generate(cls, token_uri: str, client_email: str = "rag-test@fake-project.iam.gserviceaccount.com") -> ServiceAccountKey:
+        """A fresh 2048-bit RSA key and a key file naming ``token_uri``."""
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -650,10 +659,12 @@ class DriveEnv:
 
     @property
     def api_url(self) -> str:
+        """The Drive API base (``.../drive/v3/``) for ``RAG_GDRIVE_API_URL``."""
         return self.base_url + "/drive/v3/"
 
     @property
     def env(self) -> dict[str, str]:
+        """Environment for ``GoogleDriveSource.from_env``."""
         return {"GOOGLE_APPLICATION_CREDENTIALS": str(self.key_file), "RAG_GDRIVE_API_URL": self.api_url}
 
 

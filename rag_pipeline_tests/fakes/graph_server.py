@@ -159,6 +159,7 @@ class FakeGraph:
         }
 
     def add_folder(self, name: str, parent: str | None = None) -> str:
+        """A folder under ``parent`` (default: the drive root); returns its id."""
         with self._lock:
             item = self._new_item(name, parent)
             item["folder"] = {"childCount": 0}
@@ -168,6 +169,7 @@ class FakeGraph:
             return item["id"]
 
     def add_file(self, name: str, parent: str | None, content: bytes, mime: str) -> str:
+        """A file with ``file.hashes`` (sha256Hash upper-case hex, as Graph sends); returns its id."""
         with self._lock:
             item = self._new_item(name, parent)
             self.items[item["id"]] = item
@@ -187,6 +189,7 @@ class FakeGraph:
         }
 
     def update_content(self, item_id: str, content: bytes) -> None:
+        """New content: new hashes, eTag and cTag."""
         with self._lock:
             item = self.items[item_id]
             self._set_content(item, content)
@@ -194,6 +197,7 @@ class FakeGraph:
             self._record(item_id, item)
 
     def rename(self, item_id: str, name: str) -> None:
+        """A metadata change: new name and eTag; cTag stays."""
         with self._lock:
             item = self.items[item_id]
             item["name"] = name
@@ -201,6 +205,7 @@ class FakeGraph:
             self._record(item_id, item)
 
     def move(self, item_id: str, new_parent: str) -> None:
+        """Move under ``new_parent``: new parentReference and eTag."""
         with self._lock:
             item = self.items[item_id]
             item["parentReference"] = {**item["parentReference"], "id": new_parent}
@@ -260,6 +265,7 @@ class FakeGraph:
     # ---- HTTP ----------------------------------------------------------------------------------
 
     def handle(self, request: Request) -> Response:
+        """The entry point pytest-httpserver calls for every request to the Graph/authority server."""
         with self._lock:
             path = request.path
             tenant_prefix = f"/{self.tenant_id}"
