@@ -298,7 +298,8 @@ class _Run:
             else:
                 from rag_pipeline.extraction import extract
 
-                extraction = extract(data, filename=work.doc.title or work.doc.source_id,
+                extraction = extract(data, filename=str(work.doc.metadata.get("filename") or work.doc.title
+                                                       or work.doc.source_id),
                                      declared_mime=work.doc.mime_type, settings=self.settings)
             checkpoint("sync.after_extract")
             chunks = chunk_for_embedder(extraction.markdown, self.embedder, chunk_size=self.settings.chunk_size,
@@ -356,6 +357,13 @@ class _Run:
                     expires=w.expires_at(p.work.doc, p.extraction.doc_type, self.settings.expiry_days))
             except w.IncompleteWriteError as exc:
                 self.fail(p.work, p.document_id, str(exc), terminal=False, sha=p.sha, started=p.started)
+                continue
+            except psycopg.OperationalError:
+                raise  # the database went away: nothing more can be recorded in this run
+            except Exception as exc:  # rolled back; the previous version stays searchable
+                log.exception("writing %s failed", p.work.doc.source_id)
+                self.fail(p.work, p.document_id, f"write failed: {type(exc).__name__}: {exc}", terminal=False,
+                          sha=p.sha, started=p.started)
                 continue
             action = {"add": "added", "repair": "repaired"}.get(p.work.why, "updated")
             if p.work.indexed is None or p.work.indexed.status == "deleted" or not p.work.indexed.version:
@@ -576,6 +584,11 @@ def _sync_locked(source: Source, store: Store, embedder: Embedder, settings: Set
         next_cursor = changes.next_cursor
     elif inventory is not None and inventory.complete and inventory.cursor:
         next_cursor = inventory.cursor
+    if next_cursor and to_delete and not guard.passed:
+        # Deletions held back by the guard must be seen again by the next run (and by the override):
+        # advancing the cursor past them would lose them until a full reconciliation.
+        log.warning("%s: cursor not advanced: %d deletion(s) held back by the guard", source.name, len(to_delete))
+        next_cursor = None
     if next_cursor:
         idx_store.save_cursor(conn, source.name, next_cursor)
 

@@ -158,5 +158,8 @@ class SentenceTransformerEmbedder:
             raise EmbeddingError(f"embedding {len(unique)} texts with {self.model_id} failed: {exc}") from exc
         self.calls += 1
         self.embedded += len(unique)
-        by_text = {unique[i]: np.asarray(vectors[j], dtype=np.float32) for j, i in enumerate(order)}
+        vectors = np.asarray(vectors, dtype=np.float32)
+        # bfloat16 normalisation is only good to ~3 digits: renormalise in float32
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        by_text = {unique[i]: vectors[j] for j, i in enumerate(order)}
         return np.stack([by_text[t] for t in texts])

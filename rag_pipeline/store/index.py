@@ -88,7 +88,9 @@ def cached_embeddings(conn: psycopg.Connection, model: str, sha256s: Sequence[st
         """,
         (model, list(set(sha256s))),
     ).fetchall()
-    return {sha: np.asarray(vec, dtype=np.float32) for sha, vec in rows}
+    # pgvector's loader returns ``pgvector.Vector`` objects, which numpy cannot convert directly.
+    return {sha: np.asarray(vec.to_numpy() if hasattr(vec, "to_numpy") else vec, dtype=np.float32)
+            for sha, vec in rows}
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,15 @@ def stored_extraction(conn: psycopg.Connection, content_sha256: str) -> StoredEx
 
 
 def start_run(conn: psycopg.Connection, source: str, mode: str) -> int:
-    """Insert a ``sync_runs`` row (status ``running``) and return its id."""
+    """Insert a ``sync_runs`` row (status ``running``) and return its id.
+
+    Call only while holding the source's sync lock: rows of ``source`` still ``running`` then belong
+    to runs that died (SIGKILL, lost connection, an exception that escaped) and are closed first as
+    ``interrupted``, so ``running`` never outlives its process by more than one run."""
+    conn.execute(
+        "UPDATE sync_runs SET status = 'interrupted', finished_at = now() WHERE source = %s AND status = 'running'",
+        (source,),
+    )
     return int(conn.execute(
         "INSERT INTO sync_runs (source, mode) VALUES (%s, %s) RETURNING id", (source, mode)
     ).fetchone()[0])
