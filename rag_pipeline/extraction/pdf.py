@@ -124,7 +124,7 @@ def _extract(pdf: Any, data: bytes, ocr_languages: str, progress: ProgressFn | N
     ]
     # a text layer that is garbage (poor OCR layer): candidates for re-OCR
     # (measured per page only when a sample of the whole text looks poor: it costs ~2 ms a page)
-    sample = "\n".join(p.plain_text() for p in pages[:40])
+    sample = "\n".join(p.plain_text() for p in pages[:10])
     overall = text_layer_quality(sample)
     layer_quality: list[float | None] = [None] * n_pages
     if overall is not None and overall < POOR_LAYER_QUALITY:

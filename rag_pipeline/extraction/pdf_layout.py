@@ -477,8 +477,10 @@ def _find_table(rows: list[list[Segment]], size: float) -> tuple[int, int, list[
         j = i
         while j + 1 < n and len(rows[j + 1]) >= 2 and rows[j + 1][0].top - max(s.bottom for s in rows[j]) < 2.5 * size:
             j += 1
-        if j - i + 1 >= 3:
-            run = rows[i : j + 1]
+        run = rows[i : j + 1]
+        segs = [seg for row in run for seg in row]
+        # text set in columns has long segments: skip the (costly) cell analysis
+        if j - i + 1 >= 3 and sum(len(seg.text) for seg in segs) / len(segs) <= 2 * MAX_TABLE_CELL_CHARS:
             columns = _table_columns(run, size)
             if 2 <= len(columns) <= 30:
                 grid = _table_grid(run, columns)

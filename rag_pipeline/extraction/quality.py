@@ -46,7 +46,7 @@ def _sample(text: str, max_chars: int) -> str:
     return " ".join(text[i * step : i * step + width] for i in range(8))
 
 
-def text_layer_quality(text: str, max_chars: int = 40_000) -> float | None:
+def text_layer_quality(text: str, max_chars: int = 12_000) -> float | None:
     """Share (0..1, weighted by token length up to 12) of the Latin-letter tokens of ``text`` that are
     clean known words; tokens that mix letters with digits or symbols ("3E*»CM", "fc-ugsx") count as
     garbage. Long texts are measured
