@@ -144,14 +144,15 @@ _WORD_END_RE = re.compile(r"([^\W\d_]+)[-\u2010\u00ad]$")
 _WORD_START_RE = re.compile(r"^([^\W\d_]+)")
 
 
-def join_hyphenated(left: str, right: str, is_word=None) -> str:
+def join_hyphenated(left: str, right: str, decide=None) -> str:
     """Join two lines where ``left`` ends with a hyphen: return the joined text without the line break.
 
     The hyphen is dropped only when it is clearly a line-break hyphen: the line that follows starts
-    with a lower-case letter and the joined word is a known word (``is_word``, a callable
-    ``str -> bool | None``: True known, False unknown, None no verdict, e.g. non-Latin script).
-    Without a verdict the fragment must have at least two lower-case letters. When unsure the
-    hyphen is kept ("n-" + "tridecanal" -> "n-tridecanal"; "dual-" + "encoder" -> "dual-encoder").
+    with a lower-case letter and ``decide(fragment, continuation)`` says so (a callable returning
+    True/False, or None for no verdict, e.g. ``quality.prefer_joined`` which compares word
+    frequencies). Without a verdict the fragment must have at least two lower-case letters. When
+    unsure the hyphen is kept ("n-" + "tridecanal" -> "n-tridecanal"; "dual-" + "encoder" ->
+    "dual-encoder").
     """
     m_left = _WORD_END_RE.search(left)
     m_right = _WORD_START_RE.match(right)
@@ -160,7 +161,7 @@ def join_hyphenated(left: str, right: str, is_word=None) -> str:
     frag, cont = m_left.group(1), m_right.group(1)
     drop = False
     if cont[:1].islower():
-        verdict = is_word(frag + cont) if is_word is not None else None
+        verdict = decide(frag, cont) if decide is not None else None
         if verdict is None:
             drop = len(frag) >= 2 and frag.islower()
         else:
@@ -170,7 +171,7 @@ def join_hyphenated(left: str, right: str, is_word=None) -> str:
     return left + right
 
 
-def join_lines(lines: Sequence[str], is_word=None) -> str:
+def join_lines(lines: Sequence[str], decide=None) -> str:
     """Join the visual lines of one paragraph into one string: a line ending in a hyphen is joined to
     the next without a space (see ``join_hyphenated``), others with one space."""
     text = ""
@@ -181,7 +182,7 @@ def join_lines(lines: Sequence[str], is_word=None) -> str:
         if not text:
             text = line
         elif text[-1] in _HYPHENS and len(text) >= 2 and text[-2].isalpha():
-            text = join_hyphenated(text, line, is_word)
+            text = join_hyphenated(text, line, decide)
         else:
             text = text + " " + line
     return text

@@ -351,14 +351,27 @@ def _sheet_grid(ws: Any, ws_values: Any) -> list[list[str]]:
     return grid
 
 
+def _filled(row: list[str]) -> int:
+    return sum(1 for c in row if c.strip())
+
+
 def _split_titles(grid: list[list[str]]) -> tuple[list[str], list[list[str]]]:
-    """Leading rows holding a single non-empty cell (sheet titles) become paragraphs; the table
-    starts at the first row with two or more values."""
+    """Leading rows holding a single non-empty cell (sheet titles) become paragraphs; so does a
+    sparse caption row above the real header ("In millions of CHF ... January-June 2023" above
+    the column names): the header is the first of the leading rows filled to at least 60% of the
+    widest row."""
     titles: list[str] = []
     rows = [r for r in grid if any(c.strip() for c in r)]
-    while rows and sum(1 for c in rows[0] if c.strip()) == 1 and len(rows) > 1:
+    while rows and _filled(rows[0]) == 1 and len(rows) > 1:
         titles.append(next(c for c in rows[0] if c.strip()).strip())
         rows.pop(0)
+    widest = max((_filled(r) for r in rows), default=0)
+    for _ in range(3):
+        if len(rows) > 2 and _filled(rows[0]) < 0.6 * widest and _filled(rows[1]) >= 0.6 * widest:
+            titles.append(" ".join(cell_text(c) for c in rows[0] if c.strip()))
+            rows.pop(0)
+        else:
+            break
     return titles, rows
 
 

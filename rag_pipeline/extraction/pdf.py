@@ -63,10 +63,12 @@ def _page_has_image(page: Any) -> bool:
 
 def classify(chars_per_page: list[int], has_image: list[bool]) -> str:
     """Route a PDF: ``"image"`` (scanned) when the first three pages hold fewer than
-    ``IMAGE_ONLY_CHARS`` characters in all and carry images (or no text at all); ``"mixed"`` when
+    ``IMAGE_ONLY_CHARS`` characters in all and carry images, none of them being a page of text
+    without an image (or hold no text at all); ``"mixed"`` when
     some pages have fewer than ``PAGE_OCR_CHARS`` characters and an image; else ``"text"``."""
     first = chars_per_page[:3]
-    if sum(first) < IMAGE_ONLY_CHARS and (any(has_image[:3]) or sum(first) == 0):
+    text_only_page = any(c >= PAGE_OCR_CHARS and not img for c, img in zip(first, has_image))
+    if sum(first) < IMAGE_ONLY_CHARS and ((any(has_image[:3]) and not text_only_page) or sum(first) == 0):
         return "image"
     if any(c < PAGE_OCR_CHARS and img for c, img in zip(chars_per_page, has_image)):
         return "mixed"

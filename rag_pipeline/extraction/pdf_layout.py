@@ -29,7 +29,7 @@ from typing import Any
 
 from .clean import join_lines, remove_control_chars
 from .pdf_fonts import DROPPED, FontRepairs, apply_repairs
-from .quality import is_known_word
+from .quality import prefer_joined
 from .tables import grid_to_markdown
 
 GAP_EM = 1.2
@@ -501,10 +501,6 @@ def _find_table(rows: list[list[Segment]], size: float) -> tuple[int, int, list[
 # --- paragraphs ----------------------------------------------------------------------------------
 
 
-def _is_word(word: str) -> bool | None:
-    return is_known_word(word)
-
-
 _SPACE_BEFORE_PUNCT_RE = re.compile(r"(?<=\w) +(?=[,.;:!?](?:\s|$))")
 
 
@@ -550,7 +546,7 @@ def _paragraphs(segments: list[Segment], body_size: float) -> list[tuple[str, fl
             lines.append(text)
             paras[-1] = (lines, s, count + 1)
         prev = (text, size, left, right, max(s.bottom for s in row))
-    return [(join_lines(lines, _is_word), size, count, bold) for (lines, size, count), bold in zip(paras, bolds)]
+    return [(join_lines(lines, prefer_joined), size, count, bold) for (lines, size, count), bold in zip(paras, bolds)]
 
 
 def _render_paragraph(text: str, size: float, rows: int, body_size: float, bold: bool = False) -> tuple[str, bool]:

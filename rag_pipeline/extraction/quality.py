@@ -46,6 +46,18 @@ def _sample(text: str, max_chars: int) -> str:
     return " ".join(text[i * step : i * step + width] for i in range(8))
 
 
+def prefer_joined(fragment: str, continuation: str) -> bool | None:
+    """Whether a line-end hyphen between ``fragment`` and ``continuation`` is only a line break:
+    True when the joined word is known and at least as frequent as the hyphenated form
+    ("capabili-ties" -> True; "well-known", "fine-tuned", "n-tridecanal" -> False). ``None`` for
+    non-Latin script (no verdict)."""
+    joined = fragment + continuation
+    if not _LATIN_WORD_RE.match(joined):
+        return None
+    j = word_frequency(joined.lower())
+    return j > 0.0 and j >= word_frequency(f"{fragment}-{continuation}".lower())
+
+
 def text_layer_quality(text: str, max_chars: int = 12_000) -> float | None:
     """Share (0..1, weighted by token length up to 12) of the Latin-letter tokens of ``text`` that are
     clean known words; tokens that mix letters with digits or symbols ("3E*»CM", "fc-ugsx") count as

@@ -64,10 +64,13 @@ def grid_to_markdown(grid: Sequence[Sequence[object]], header: bool = True) -> s
     if not header:
         rows = [[f"Column {j + 1}" for j in range(width)], *rows]
     head = [c if c else f"Column {j + 1}" for j, c in enumerate(rows[0])]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * width) + "|"]
-    for row in rows[1:]:
-        lines.append("| " + " | ".join(row) + " |")
+    lines = [_row(head), "|" + "|".join(["---"] * width) + "|"]
+    lines.extend(_row(row) for row in rows[1:])
     return "\n".join(lines)
+
+
+def _row(cells: list[str]) -> str:
+    return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
 
 
 def expand_spans(cells: Sequence[Sequence[tuple[str, int, int]]]) -> Grid:
