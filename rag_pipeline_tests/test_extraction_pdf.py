@@ -122,3 +122,15 @@ def test_heading_levels_from_font_size_and_numbering(corpus):
     headings = re.findall(r"(?m)^#+ .*$", md)
     assert "## 1 Introduction" in headings and "### 3.1 Overview" in headings
     assert any(h.endswith("Dense Passage Retrieval for Open-Domain Question Answering") for h in headings)
+
+
+def test_ocr_stops_before_the_time_limit_and_keeps_the_pages_done(corpus):
+    from rag_pipeline.config import Settings
+
+    data = _pages(corpus, "single_table.pdf", [0, 0])  # two scanned pages
+    # 8 s limit: OCR may start until 85% of it (6.8 s) with >= 5 s to spare, so exactly one page fits
+    result = extract_in_process(data, filename="scan2.pdf", settings=Settings(extraction_timeout_s=8, ocr_languages="eng"))
+    assert result.stats["ocr_pages"] == [1]
+    assert result.stats["ocr_pages_skipped"] == 1
+    assert result.stats["low_quality"] is True and "not OCR'd" in result.stats["low_quality_reason"]
+    assert "64,058" in result.markdown

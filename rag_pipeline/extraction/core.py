@@ -22,6 +22,8 @@ from .types import PAGE_MARKER, Extraction, ExtractionError, NoTextError, Unsupp
 
 ProgressFn = Callable[[int, int], None]
 
+OCR_TIME_SHARE = 0.85
+"""OCR of a PDF's pages stops once this share of ``extraction_timeout_s`` has passed."""
 LOW_CHARS_PER_PAGE_FACTOR = 0.1
 """A paged document whose median characters per page is below this share of the type's typical
 value is flagged ``low_quality``."""
@@ -37,7 +39,9 @@ def _run_format(doc_type: str, data: bytes, filename: str, settings: Settings, p
     if doc_type == "pdf":
         from .pdf import extract_pdf
 
-        return extract_pdf(data, ocr_languages=settings.ocr_languages, progress=progress)
+        # OCR stops at 85% of the time limit so the worker is not killed with the work done so far
+        deadline = time.monotonic() + OCR_TIME_SHARE * float(settings.extraction_timeout_s)
+        return extract_pdf(data, ocr_languages=settings.ocr_languages, progress=progress, deadline=deadline)
     if doc_type in ("docx", "pptx", "xlsx", "doc", "ppt", "xls"):
         from . import office
 

@@ -9,6 +9,7 @@ text are rendered and OCR'd with Tesseract through ``unstructured`` (``ocr.py``)
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from .draft import Draft
 from .ocr import check_ocr, ocr_image
 from .pdf_fonts import find_repairs
 from .quality import text_layer_quality
-from .types import PAGE_MARKER, ExtractionError, NoTextError, PasswordProtectedError
+from .types import PAGE_MARKER, ExtractionError, ExtractionLimitError, NoTextError, PasswordProtectedError
 
 IMAGE_ONLY_CHARS = 300
 """Fewer than this many characters over the first three pages: the PDF is image-only (scanned)."""
@@ -75,23 +76,32 @@ def classify(chars_per_page: list[int], has_image: list[bool]) -> str:
     return "text"
 
 
-def extract_pdf(data: bytes, *, ocr_languages: str = "eng+jpn", progress: ProgressFn | None = None) -> Draft:
+def extract_pdf(
+    data: bytes,
+    *,
+    ocr_languages: str = "eng+jpn",
+    progress: ProgressFn | None = None,
+    deadline: float | None = None,
+) -> Draft:
     """Extract a PDF to Markdown with one ``PAGE_MARKER`` per page.
 
     Routing: the PDF is ``text``, ``mixed`` or ``image`` (see ``classify``). Pages with almost no
     text that carry an image are rendered at ``OCR_DPI`` and OCR'd; so are pages whose text layer is
     garbage (a poor OCR layer, see ``quality.text_layer_quality``) when OCR gives better text.
+    ``deadline`` (a ``time.monotonic()`` value): OCR stops before it, so a long scan completes with
+    the pages done so far (flagged low quality) instead of being killed by the worker's limit.
     Raises ``PasswordProtectedError``, ``MissingDependencyError`` (OCR needed but Tesseract or the
-    language data is missing), ``NoTextError``.
+    language data is missing), ``NoTextError``, ``ExtractionLimitError`` (not a single page could be
+    OCR'd in time).
     """
     pdf = open_pdf(data)
     try:
-        return _extract(pdf, data, ocr_languages, progress)
+        return _extract(pdf, data, ocr_languages, progress, deadline)
     finally:
         pdf.close()
 
 
-def _extract(pdf: Any, data: bytes, ocr_languages: str, progress: ProgressFn | None) -> Draft:
+def _extract(pdf: Any, data: bytes, ocr_languages: str, progress: ProgressFn | None, deadline: float | None) -> Draft:
     n_pages = len(pdf)
     if n_pages == 0:
         raise NoTextError("no text: PDF has no pages")
@@ -139,18 +149,26 @@ def _extract(pdf: Any, data: bytes, ocr_languages: str, progress: ProgressFn | N
     ocr_pages: list[int] = []
     ocr_text: dict[int, str] = {}
     todo = ocr_candidates + [i for i in poor_layer if i not in ocr_candidates]
+    skipped = 0
     if todo:
         languages = check_ocr(ocr_languages)
-        for i in todo[:MAX_OCR_PAGES]:
+        slowest = 0.0
+        for n, i in enumerate(todo):
+            # stop before the worker's time limit would kill the whole document: keep what is done
+            if n >= MAX_OCR_PAGES or (deadline is not None and time.monotonic() + max(slowest, 5.0) > deadline):
+                skipped = len(todo) - n
+                break
+            t0 = time.monotonic()
             image = pdf[i].render(scale=OCR_DPI / 72).to_pil()
             markdown, _count = ocr_image(image, languages)
+            slowest = max(slowest, time.monotonic() - t0)
             if i in poor_layer:
                 new_quality = text_layer_quality(markdown)
                 if new_quality is None or new_quality <= (layer_quality[i] or 0) + 0.05:
                     continue  # OCR is no better than the existing layer: keep the layer
             ocr_text[i] = markdown
             ocr_pages.append(i + 1)
-        stats["ocr_pages_skipped"] = max(0, len(todo) - MAX_OCR_PAGES)
+    stats["ocr_pages_skipped"] = skipped
     stats["ocr_pages"] = ocr_pages
 
     # running headers/footers and page numbers
@@ -178,8 +196,12 @@ def _extract(pdf: Any, data: bytes, ocr_languages: str, progress: ProgressFn | N
         "ocr_pages": len(ocr_pages),
         "tables": stats["tables"],
     }
-    if pdf_class == "image" and not ocr_pages and not any(chars_per_page):
-        raise NoTextError("no text: image-only PDF and OCR found no text")
+    if not any(chars_per_page):
+        if skipped:
+            raise ExtractionLimitError(
+                f"time limit: OCR of {len(todo)} page(s) does not fit in the extraction time limit"
+            )
+        raise NoTextError("no text: image-only PDF and OCR found no text" if todo else "no text: PDF has no text")
     low_quality_reason = None
     if poor_layer:
         kept = [i + 1 for i in poor_layer if i not in ocr_text]
@@ -191,8 +213,8 @@ def _extract(pdf: Any, data: bytes, ocr_languages: str, progress: ProgressFn | N
             low_quality_reason += f"; kept the layer on pages {kept} (OCR was no better)"
     elif stats["page_errors"]:
         low_quality_reason = f"{stats['page_errors']} page(s) could not be read"
-    elif stats.get("ocr_pages_skipped"):
-        low_quality_reason = f"{stats['ocr_pages_skipped']} image page(s) not OCR'd"
+    elif skipped:
+        low_quality_reason = f"{skipped} image page(s) not OCR'd (OCR page cap or time limit)"
     if low_quality_reason:
         stats["low_quality_hint"] = low_quality_reason
     if chars_per_page:

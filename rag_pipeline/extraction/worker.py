@@ -53,6 +53,9 @@ def _worker_main(conn: Any, memory_mb: int) -> None:
         pass
     from .core import extract_in_process
 
+    # import the format modules now, while no document waits (unstructured stays lazy: HTML/OCR only)
+    from . import office, pdf, text_formats  # noqa: F401
+
     while True:
         try:
             msg = conn.recv()
