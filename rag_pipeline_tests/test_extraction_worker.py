@@ -1,7 +1,7 @@
 """Isolation: extraction in reusable worker processes under time and memory limits.
 
-Faults are caused for real: a document that takes longer than the limit (OCR of a scanned page
-under a 1 s limit), a limit smaller than what rendering needs, and a worker killed from outside
+Faults are caused for real: a document that takes longer than the limit (DA-619p under a 1 s
+limit; it is killed long before it finishes), a limit smaller than what rendering needs, and a worker killed from outside
 (the only way to make a healthy process "crash").
 """
 
@@ -71,7 +71,8 @@ def test_time_limit_kills_and_replaces_the_worker(corpus, pool):
     (first_pid,) = pool.worker_pids()
     started = time.monotonic()
     with pytest.raises(ExtractionLimitError) as info:
-        pool.run((corpus / "loremipsum-flat.pdf").read_bytes(), "scan.pdf", None, Settings(extraction_timeout_s=1))
+        # 619 pages take several seconds: killed after 1 s
+        pool.run((corpus / "DA-619p.pdf").read_bytes(), "big.pdf", None, Settings(extraction_timeout_s=1))
     assert time.monotonic() - started < 5
     assert info.value.reason == "time limit exceeded (1 s)" and info.value.terminal is False
     assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE
@@ -122,3 +123,10 @@ def test_one_bad_document_does_not_stop_the_others(corpus, pool):
         "zen_of_python_corrupted.pdf": "pdf",
         "stanley-cups.csv": "csv",
     }
+
+
+def test_ocr_that_cannot_fit_the_limit_fails_with_the_limit_named(corpus, pool):
+    # the worker itself stops before OCR would overrun 85% of the 2 s limit
+    with pytest.raises(ExtractionLimitError) as info:
+        pool.run((corpus / "loremipsum-flat.pdf").read_bytes(), "scan.pdf", None, Settings(extraction_timeout_s=2))
+    assert info.value.reason == "time limit exceeded (2 s): OCR of 1 page(s) does not fit"

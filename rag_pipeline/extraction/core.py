@@ -41,7 +41,13 @@ def _run_format(doc_type: str, data: bytes, filename: str, settings: Settings, p
 
         # OCR stops at 85% of the time limit so the worker is not killed with the work done so far
         deadline = time.monotonic() + OCR_TIME_SHARE * float(settings.extraction_timeout_s)
-        return extract_pdf(data, ocr_languages=settings.ocr_languages, progress=progress, deadline=deadline)
+        return extract_pdf(
+            data,
+            ocr_languages=settings.ocr_languages,
+            progress=progress,
+            deadline=deadline,
+            time_limit_s=float(settings.extraction_timeout_s),
+        )
     if doc_type in ("docx", "pptx", "xlsx", "doc", "ppt", "xls"):
         from . import office
 

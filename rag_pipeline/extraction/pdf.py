@@ -82,6 +82,7 @@ def extract_pdf(
     ocr_languages: str = "eng+jpn",
     progress: ProgressFn | None = None,
     deadline: float | None = None,
+    time_limit_s: float | None = None,
 ) -> Draft:
     """Extract a PDF to Markdown with one ``PAGE_MARKER`` per page.
 
@@ -89,19 +90,27 @@ def extract_pdf(
     text that carry an image are rendered at ``OCR_DPI`` and OCR'd; so are pages whose text layer is
     garbage (a poor OCR layer, see ``quality.text_layer_quality``) when OCR gives better text.
     ``deadline`` (a ``time.monotonic()`` value): OCR stops before it, so a long scan completes with
-    the pages done so far (flagged low quality) instead of being killed by the worker's limit.
+    the pages done so far (flagged low quality) instead of being killed by the worker's limit;
+    ``time_limit_s`` is the limit it derives from, named in the error when no page fits.
     Raises ``PasswordProtectedError``, ``MissingDependencyError`` (OCR needed but Tesseract or the
     language data is missing), ``NoTextError``, ``ExtractionLimitError`` (not a single page could be
     OCR'd in time).
     """
     pdf = open_pdf(data)
     try:
-        return _extract(pdf, data, ocr_languages, progress, deadline)
+        return _extract(pdf, data, ocr_languages, progress, deadline, time_limit_s)
     finally:
         pdf.close()
 
 
-def _extract(pdf: Any, data: bytes, ocr_languages: str, progress: ProgressFn | None, deadline: float | None) -> Draft:
+def _extract(
+    pdf: Any,
+    data: bytes,
+    ocr_languages: str,
+    progress: ProgressFn | None,
+    deadline: float | None,
+    time_limit_s: float | None,
+) -> Draft:
     n_pages = len(pdf)
     if n_pages == 0:
         raise NoTextError("no text: PDF has no pages")
@@ -198,9 +207,8 @@ def _extract(pdf: Any, data: bytes, ocr_languages: str, progress: ProgressFn | N
     }
     if not any(chars_per_page):
         if skipped:
-            raise ExtractionLimitError(
-                f"time limit: OCR of {len(todo)} page(s) does not fit in the extraction time limit"
-            )
+            limit = f" ({time_limit_s:g} s)" if time_limit_s else ""
+            raise ExtractionLimitError(f"time limit exceeded{limit}: OCR of {len(todo)} page(s) does not fit")
         raise NoTextError("no text: image-only PDF and OCR found no text" if todo else "no text: PDF has no text")
     low_quality_reason = None
     if poor_layer:

@@ -519,6 +519,8 @@ def _paragraphs(segments: list[Segment], body_size: float) -> list[tuple[str, fl
     x1 = max(s.x1 for s in segments)
     paras: list[tuple[list[str], float, int]] = []
     bolds: list[bool] = []
+    row_gaps = [rows[k + 1][0].top - max(s.bottom for s in rows[k]) for k in range(len(rows) - 1)]
+    usual_gap = statistics.median(row_gaps) if row_gaps else 0.0
     prev = None
     for row in rows:
         text = _row_text(row)
@@ -536,6 +538,8 @@ def _paragraphs(segments: list[Segment], body_size: float) -> list[tuple[str, fl
                 or _BULLET_RE.match(text)
                 or (short_prev and (p_text.rstrip().endswith((".", ":", "!", "?")) or indented))
                 or (indented and short_prev)
+                # a short line followed by more space than between the region's lines: a title
+                or (short_prev and gap > max(2 * usual_gap, usual_gap + 0.25 * size))
             ):
                 new = True
         if new:
