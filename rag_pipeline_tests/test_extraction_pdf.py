@@ -134,3 +134,13 @@ def test_ocr_stops_before_the_time_limit_and_keeps_the_pages_done(corpus):
     assert result.stats["ocr_pages_skipped"] == 1
     assert result.stats["low_quality"] is True and "not OCR'd" in result.stats["low_quality_reason"]
     assert "64,058" in result.markdown
+
+
+def test_monospaced_listing_becomes_a_fenced_code_block(corpus):
+    md = extract_in_process((corpus / "layout-parser-paper-with-table.pdf").read_bytes(), filename="t.pdf").markdown
+    assert (
+        "```\n1 import layoutparser as lp\n2 image = cv2 . imread (\" image_file \") # load images\n"
+        "3 model = lp . Detectron2LayoutModel (\n"
+    ) in md
+    # running text that merely starts with a typewriter word stays a paragraph
+    assert "\nLayoutParser provides a wealth of pre-trained model weights" in md

@@ -54,6 +54,7 @@ class Segment:
     text: str
     size: float
     weight: int = 400  # font weight of the line's first character (700 = bold)
+    mono: bool = False  # set in a monospaced font (a code line)
     atoms: list[Segment] | None = None  # finer runs (PDFium rectangles), for table cells
     pending: tuple[Any, ...] | None = None  # what is needed to compute ``atoms`` on demand
 
@@ -232,10 +233,13 @@ def page_segments(page: Any, repairs: FontRepairs | None = None) -> tuple[list[S
             rotated.append((seg, len(line.strip()), round(angle / (math.pi / 2)) % 4))
             continue
         weight = raw.FPDFText_GetFontWeight(tp, first)
+        # a code line: its middle and last characters are set in a monospaced font
+        mono = bool(_MONO_RE.search(_font_name(tp, last))) and bool(_MONO_RE.search(_font_name(tp, (first + last) // 2)))
         groups = _rect_groups(rects, size) if k > 1 else [[0]]
         if len(groups) == 1:
             seg = _segment(rects, groups[0], line, size, height)
             seg.weight = weight
+            seg.mono = mono
             if k > 1:
                 seg.pending = (start, rects, line, boxes, height)
             segments.append(seg)
@@ -244,6 +248,7 @@ def page_segments(page: Any, repairs: FontRepairs | None = None) -> tuple[list[S
         for group in groups:
             seg = _segment(rects, group, "".join(per_rect[i] for i in group), size, height)
             seg.weight = weight
+            seg.mono = mono
             seg.atoms = _merge_touching([_segment(rects, [i], per_rect[i], size, height) for i in group if per_rect[i].strip()])
             segments.append(seg)
     if table:
@@ -278,6 +283,7 @@ def page_segments(page: Any, repairs: FontRepairs | None = None) -> tuple[list[S
 
 
 _FONT_BUFFER = ctypes.create_string_buffer(256)
+_MONO_RE = re.compile(r"Courier|Mono|CMTT|Consol|Menlo|Inconsolata|Typewriter|SFTT|LMTT|Code", re.IGNORECASE)
 
 
 def _font_name(tp: Any, index: int) -> str:
@@ -510,6 +516,42 @@ def _row_text(row: list[Segment]) -> str:
     return _SPACE_BEFORE_PUNCT_RE.sub("", text) if " " in text else text
 
 
+def _split_code(segments: list[Segment]) -> list[tuple[str, Any]]:
+    """Split a region into text parts (segment lists) and code blocks: runs of at least two rows set
+    entirely in a monospaced font become one fenced block, each row a line, indentation kept."""
+    if not any(s.mono for s in segments):
+        return [("text", segments)]
+    out: list[tuple[str, Any]] = []
+    pending: list[Segment] = []
+    run: list[list[Segment]] = []
+
+    def flush_run() -> None:
+        if len(run) >= 2:
+            if pending:
+                out.append(("text", list(pending)))
+                pending.clear()
+            left = min(r[0].x0 for r in run)
+            lines = []
+            for r in run:
+                width = 0.6 * max(1.0, r[0].size)
+                lines.append(" " * int(round((r[0].x0 - left) / width)) + " ".join(seg.text for seg in r))
+            out.append(("code", "```\n" + "\n".join(lines) + "\n```"))
+        else:
+            pending.extend(seg for r in run for seg in r)
+        run.clear()
+
+    for row in _rows(segments):
+        if all(seg.mono for seg in row):
+            run.append(row)
+        else:
+            flush_run()
+            pending.extend(row)
+    flush_run()
+    if pending:
+        out.append(("text", pending))
+    return out
+
+
 def _paragraphs(segments: list[Segment], body_size: float) -> list[tuple[str, float, int, bool]]:
     """Paragraphs of one region as ``(text, font_size, rows, first_row_bold)``."""
     rows = _rows(segments)
@@ -638,11 +680,15 @@ def _layout(segments: list[Segment], rotated_dropped: int) -> PageText:
                 blocks.append(table)
                 tables += 1
             continue
-        for text, size, nrows, bold in _paragraphs(payload, body_size):
-            block, is_heading = _render_paragraph(text, size, nrows, body_size, bold)
-            if block:
-                blocks.append(block)
-                headings += is_heading
+        for part_kind, part in _split_code(payload):
+            if part_kind == "code":
+                blocks.append(part)
+                continue
+            for text, size, nrows, bold in _paragraphs(part, body_size):
+                block, is_heading = _render_paragraph(text, size, nrows, body_size, bold)
+                if block:
+                    blocks.append(block)
+                    headings += is_heading
     all_rows = _rows(segments)
     lines_top = [_row_text(r) for r in all_rows[:2]]
     lines_bottom = [_row_text(r) for r in all_rows[-2:]]
