@@ -252,9 +252,13 @@ class _Run:
     def fail(self, work: _Work, document_id: int, reason: str, *, terminal: bool, sha: str | None,
              started: float, mime: str | None = None, doc_type: str | None = None) -> None:
         previous = work.indexed.status if work.indexed else None
+        # When the bytes were never read (the fetch failed), the listing's hash is what was seen: without
+        # it the next plan would take the document for changed, ignoring the backoff and, for a
+        # permanently_failed one, fetching (and alerting) again on every sync.
+        seen = sha if sha is not None else work.doc.content_sha256
         status, count = w.record_failure(
             self.conn, document_id, reason=reason, terminal=terminal, max_failures=self.settings.max_failures,
-            seen_sha256=sha, seen_source_version=work.doc.source_version, mime_type=mime, doc_type=doc_type)
+            seen_sha256=seen, seen_source_version=work.doc.source_version, mime_type=mime, doc_type=doc_type)
         outcome = DocumentOutcome(work.doc.source_id, work.doc.title, "failed", status, reason,
                                   duration_s=time.perf_counter() - started)
         if status == "permanently_failed" and (previous != "permanently_failed" or terminal is False):

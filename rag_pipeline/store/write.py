@@ -258,6 +258,7 @@ def mark_deleted(conn: psycopg.Connection, document_ids: Sequence[int]) -> int:
             """,
             (ids,),
         )
+        checkpoint("write.tombstone_before_commit")
         return cur.rowcount
 
 
