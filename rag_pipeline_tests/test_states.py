@@ -2,7 +2,8 @@
 
 One test per transition: pending -> completed; pending/completed -> failed -> failed ->
 permanently_failed (transient faults, ``max_failures``); a deterministic content error ->
-permanently_failed at once; permanently_failed stays put until the content changes; success resets
+permanently_failed at once; permanently_failed stays put until the content changes (which restarts the
+failure count); success resets
 ``failure_count``; completed -> deleted -> completed when the document comes back; failed -> deleted;
 an interrupted run leaves new documents ``pending``. Each state change leaves an ``ingest_log`` row
 with its reason, and ``check_index`` finds nothing wrong after every step.
@@ -233,3 +234,23 @@ def test_interrupted_run_leaves_new_documents_pending(tmp_path, settings, store,
     assert {d.source_id: d.action for d in report.documents if d.action != "skipped-unchanged"} == {
         "f0.md": "updated", "new.md": "added", "f5.md": "updated"}
     assert [state(store, src.name, s)[:2] for s in ("f0.md", "new.md", "f5.md")] == [("completed", 0)] * 3
+
+
+def test_new_content_gets_a_fresh_failure_budget(settings, store, embedder):
+    rng = random.Random(7)
+    src = MemorySource()
+    src.put("doc", f"{paragraph(marker(rng), rng)}\n".encode())
+    src.fetch_errors["doc"] = SourceError(OUTAGE, transient=True)
+    for _ in range(3):
+        sync_source(src, store, embedder, settings)
+    assert state(store, src.name, "doc")[:2] == ("permanently_failed", 3)
+
+    # new content while the outage lasts: a new version with its own count, not permanently_failed again
+    src.put("doc", f"{paragraph(marker(rng), rng)}\n".encode())
+    sync_source(src, store, embedder, settings)
+    assert state(store, src.name, "doc")[:2] == ("failed", 1)
+    sync_source(src, store, embedder, settings)
+    assert state(store, src.name, "doc")[:2] == ("failed", 2)
+    del src.fetch_errors["doc"]
+    sync_source(src, store, embedder, settings)
+    assert state(store, src.name, "doc") == ("completed", 0, None, 1)

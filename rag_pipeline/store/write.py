@@ -197,16 +197,23 @@ def record_failure(
 ) -> tuple[str, int]:
     """Record a failed attempt in its own transaction; return ``(status, failure_count)``.
 
-    ``terminal`` (deterministic content error) -> ``permanently_failed`` at once. Otherwise
-    ``failure_count + 1`` and ``failed``, or ``permanently_failed`` when it reaches ``max_failures``.
+    ``terminal`` (deterministic content error) -> ``permanently_failed`` at once (count 0). Otherwise
+    ``failure_count + 1`` and ``failed``, or ``permanently_failed`` when it reaches ``max_failures``;
+    the count restarts at 1 when ``seen_sha256`` differs from the content that failed before.
     The previous complete version's chunks are left untouched (still searchable).
     """
     with conn.transaction():
+        previous = conn.execute("SELECT seen_sha256 FROM documents WHERE id = %s FOR UPDATE",
+                                (document_id,)).fetchone()
+        # new content gets a fresh failure budget (a count belongs to one content version)
+        changed = bool(seen_sha256 and previous and previous[0] and previous[0] != seen_sha256)
         row = conn.execute(
             """
             UPDATE documents SET
-              failure_count = CASE WHEN %(terminal)s THEN failure_count ELSE failure_count + 1 END,
-              status = CASE WHEN %(terminal)s OR failure_count + 1 >= %(max)s
+              failure_count = CASE WHEN %(terminal)s THEN 0 ELSE
+                                (CASE WHEN %(changed)s THEN 0 ELSE failure_count END) + 1 END,
+              status = CASE WHEN %(terminal)s
+                              OR (CASE WHEN %(changed)s THEN 0 ELSE failure_count END) + 1 >= %(max)s
                             THEN 'permanently_failed' ELSE 'failed' END,
               last_error = %(reason)s, seen_sha256 = %(sha)s, seen_source_version = %(sv)s,
               mime_type = COALESCE(%(mime)s, mime_type), doc_type = COALESCE(%(dt)s, doc_type),
@@ -214,7 +221,7 @@ def record_failure(
             WHERE id = %(id)s
             RETURNING status, failure_count
             """,
-            {"terminal": terminal, "max": max_failures, "reason": _clean(reason)[:2000], "sha": seen_sha256,
+            {"terminal": terminal, "changed": changed, "max": max_failures, "reason": _clean(reason)[:2000], "sha": seen_sha256,
              "sv": seen_source_version, "mime": mime_type, "dt": doc_type, "id": document_id},
         ).fetchone()
     assert row is not None
