@@ -1,18 +1,68 @@
-"""The Dagster code location: ``dagster dev -m rag_pipeline.definitions`` (or ``-w workspace.yaml``)."""
+"""The Dagster code location: ``dagster dev -w workspace.yaml`` (or ``-m rag_pipeline.definitions``).
+
+``defs`` is loaded lazily (``@dg.definitions``): the configured sources are read from the environment
+when Dagster loads the code location, never at import (``defs/sources/config.py``). With no source
+configured the location still loads: per-document assets, index checks, the failure sensor and
+``sync_job``. Tests call ``build_definitions(specs)`` directly.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import dagster as dg
 
+from rag_pipeline.defs.documents.assets import document_chunks, document_embeddings, document_markdown
+from rag_pipeline.defs.documents.checks import INDEX_CHECKS
+from rag_pipeline.defs.documents.jobs import index_checks_job, index_checks_schedule, ingest_job
+from rag_pipeline.defs.documents.sensors import document_failure_sensor
 from rag_pipeline.defs.ingestion.jobs import sync_job
-from rag_pipeline.defs.ingestion.resources import EmbedderResource, SettingsResource, SourceResource, StoreResource
+from rag_pipeline.defs.ingestion.resources import (
+    EmbedderResource,
+    NotifierResource,
+    SettingsResource,
+    SourceResource,
+    SourcesResource,
+    StoreResource,
+)
+from rag_pipeline.defs.sources.assets import build_source_assets
+from rag_pipeline.defs.sources.config import SourceSpec, load_source_specs
+from rag_pipeline.defs.sources.jobs import build_inventory_job, build_reconcile_job, build_reconcile_schedule
+from rag_pipeline.defs.sources.sensors import build_source_diff_sensor
 
-defs = dg.Definitions(
-    jobs=[sync_job],
-    resources={
+
+def build_definitions(specs: Sequence[SourceSpec] = (), *, resources: Mapping[str, Any] | None = None) -> dg.Definitions:
+    """All definitions for ``specs``: shared per-document assets and checks, then per source its inventory
+    and purge assets, inventory and reconcile jobs, diff sensor and daily schedule. ``resources`` override
+    the defaults (tests point ``rag_settings``/``store`` at their database, ``notifier`` at a fake server)."""
+    assets: list[Any] = [document_markdown, document_chunks, document_embeddings]
+    jobs: list[Any] = [sync_job, ingest_job, index_checks_job]
+    sensors: list[Any] = [document_failure_sensor]
+    schedules: list[Any] = [index_checks_schedule]
+    for spec in specs:
+        assets.extend(build_source_assets(spec))
+        inventory_job = build_inventory_job(spec)
+        reconcile_job = build_reconcile_job(spec)
+        jobs.extend([inventory_job, reconcile_job])
+        sensors.append(build_source_diff_sensor(spec, ingest_job, inventory_job))
+        schedules.append(build_reconcile_schedule(spec, reconcile_job))
+    default_resources: dict[str, Any] = {
         "rag_settings": SettingsResource(),
         "embedder": EmbedderResource(),
         "store": StoreResource(),
-        "source": SourceResource(kind=dg.EnvVar("RAG_SOURCE_KIND"), path=dg.EnvVar("RAG_SOURCE_PATH")),
-    },
-)
+        "notifier": NotifierResource(),
+        "sources": SourcesResource(sources_json=json.dumps({s.name: s.source.model_dump() for s in specs})),
+        # sync_job's single source: the first configured one, else RAG_SOURCE_KIND/RAG_SOURCE_PATH at launch.
+        "source": specs[0].source if specs else SourceResource(kind=dg.EnvVar("RAG_SOURCE_KIND"),
+                                                               path=dg.EnvVar("RAG_SOURCE_PATH")),
+    }
+    return dg.Definitions(assets=assets, asset_checks=INDEX_CHECKS, jobs=jobs, sensors=sensors, schedules=schedules,
+                          resources={**default_resources, **(resources or {})}, executor=dg.in_process_executor)
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The code location, for the sources configured in the environment."""
+    return build_definitions(load_source_specs())

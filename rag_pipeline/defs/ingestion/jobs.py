@@ -3,8 +3,7 @@
 The CLI's ``rag-pipeline sync`` executes this same job in-process, so there is one code path.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: Dagster reads the op's config/resource annotations.
 from typing import Any
 
 import dagster as dg

@@ -1,8 +1,10 @@
-"""Dagster resources wrapping the plain-Python core: the index store, the embedder and the sources."""
+"""Dagster resources wrapping the plain-Python core: the index store, the embedder, the sources, alerts."""
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 from typing import Any
 
 import dagster as dg
@@ -11,6 +13,14 @@ from rag_pipeline.config import Settings, get_settings
 from rag_pipeline.embedding import Embedder, get_embedder
 from rag_pipeline.sources.base import Source
 from rag_pipeline.store import Store
+from rag_pipeline.sync import Notifier
+
+# Process-wide caches (module level: pydantic turns underscore class attributes of a resource into
+# per-instance private attributes, so they cannot be shared through the class).
+_EMBEDDERS: dict[str, Embedder] = {}
+_STORES: dict[tuple[str, int, str], Store] = {}
+_SOURCES: dict[tuple[str, str], Source] = {}
+_LOCK = threading.Lock()
 
 
 class SettingsResource(dg.ConfigurableResource):
@@ -31,26 +41,33 @@ class EmbedderResource(dg.ConfigurableResource):
 
     model: str = ""
 
-    _cache: dict[str, Embedder] = {}
-
     def get(self, settings: Settings) -> Embedder:
         """Return the (process-wide, lazily loaded) embedder."""
         model = self.model or settings.embedding_model
         key = f"{model}|{settings.embedding_bf16}|{settings.embedding_batch_size}"
-        if key not in EmbedderResource._cache:
-            EmbedderResource._cache[key] = get_embedder(settings.model_copy(update={"embedding_model": model}))
-        return EmbedderResource._cache[key]
+        with _LOCK:
+            if key not in _EMBEDDERS:
+                _EMBEDDERS[key] = get_embedder(settings.model_copy(update={"embedding_model": model}))
+            return _EMBEDDERS[key]
 
 
 class StoreResource(dg.ConfigurableResource):
-    """The index database; ``database_url`` empty = ``RAG_DATABASE_URL``, or the embedded server when unset."""
+    """The index database; ``database_url`` empty = ``RAG_DATABASE_URL``, or the embedded server when unset.
+    The schema is migrated once per process and URL (sensors open the store on every tick)."""
 
     database_url: str = ""
 
     def open(self, settings: Settings, embedder: Embedder) -> Store:
-        """Open (and migrate) the store for ``embedder``'s dimension."""
-        s = settings.model_copy(update={"database_url": self.database_url or settings.database_url})
-        return Store.open(s, embedding_dimension=embedder.dimension, embedding_model=embedder.model_id)
+        """Open (and, the first time in this process, migrate) the store for ``embedder``'s dimension."""
+        from rag_pipeline.store.embedded import resolve_database_url
+
+        with _LOCK:
+            url = resolve_database_url(self.database_url or settings.database_url)
+            key = (url, embedder.dimension, embedder.model_id)
+            if key not in _STORES:
+                s = settings.model_copy(update={"database_url": url})
+                _STORES[key] = Store.open(s, embedding_dimension=embedder.dimension, embedding_model=embedder.model_id)
+            return _STORES[key]
 
 
 class SourceResource(dg.ConfigurableResource):
@@ -105,3 +122,52 @@ def build_source(kind: str = "local", *, path: str = "", include: str = "", excl
             raise ValueError("a sharepoint source needs --drive <id>")
         return SharePointSource.from_env(drive_id=drive, path=path or None)
     raise ValueError(f"unknown source kind {kind!r}: local, zotero, gdrive or sharepoint")
+
+
+class SourcesResource(dg.ConfigurableResource):
+    """Every configured source by its short name (``defs/sources/config.py``): ``sources_json`` is a JSON
+    object ``{name: {SourceResource fields}}``. Connectors are built once per process."""
+
+    sources_json: str = "{}"
+
+    def specs(self) -> dict[str, SourceResource]:
+        """``{name: SourceResource}``."""
+        return {name: SourceResource(**fields) for name, fields in json.loads(self.sources_json or "{}").items()}
+
+    def names(self) -> list[str]:
+        """The configured short names."""
+        return list(json.loads(self.sources_json or "{}"))
+
+    def build(self, name: str) -> Source:
+        """The connector of source ``name``; raises ``KeyError`` for an unknown name."""
+        fields = json.loads(self.sources_json or "{}")
+        if name not in fields:
+            raise KeyError(f"no source named {name!r} is configured (known: {', '.join(fields) or 'none'})")
+        key = (name, json.dumps(fields[name], sort_keys=True))
+        with _LOCK:
+            if key not in _SOURCES:
+                _SOURCES[key] = SourceResource(**fields[name]).build()
+            return _SOURCES[key]
+
+
+class NotifierResource(dg.ConfigurableResource):
+    """Alerts (``rag_pipeline.notify``): Slack, Teams (Workflows) and generic JSON webhook URLs; an empty
+    field falls back to ``RAG_SLACK_WEBHOOK_URL`` / ``RAG_TEAMS_WEBHOOK_URL`` / ``RAG_ALERT_WEBHOOK_URL``;
+    with none set, alerts are logged."""
+
+    slack_webhook_url: str = ""
+    teams_webhook_url: str = ""
+    webhook_url: str = ""
+    timeout_s: float = 10.0
+    retries: int = 2
+
+    def get(self) -> Notifier:
+        """The notifier (a ``rag_pipeline.sync.Notifier``)."""
+        from rag_pipeline.notify import build_notifier
+
+        env = os.environ
+        return build_notifier(
+            slack_webhook_url=self.slack_webhook_url or env.get("RAG_SLACK_WEBHOOK_URL", "").strip(),
+            teams_webhook_url=self.teams_webhook_url or env.get("RAG_TEAMS_WEBHOOK_URL", "").strip(),
+            webhook_url=self.webhook_url or env.get("RAG_ALERT_WEBHOOK_URL", "").strip(),
+            timeout_s=self.timeout_s, retries=self.retries)

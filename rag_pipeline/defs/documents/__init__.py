@@ -1,0 +1,1 @@
+"""Per-document assets on the ``documents`` partitions: Markdown, chunks, embeddings, their checks."""

@@ -1,0 +1,1 @@
+"""Per-source definitions: inventory, deletion guard, purge, diff sensor, daily reconciliation."""

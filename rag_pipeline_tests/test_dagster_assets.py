@@ -1,0 +1,235 @@
+"""Per-document and per-source assets materialized in-process against the embedded PostgreSQL and the real
+model: metadata, the chunk-count and deletion-guard checks, the re-embed backfill in batches, the guarded
+purge, the index-wide checks, and the failure count across three failing runs."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+from dagster._core.events import DagsterEventType
+
+from rag_pipeline.defs.documents.checks import INDEX_CHECKS
+from rag_pipeline.defs.documents.jobs import index_checks_job
+from rag_pipeline.defs.documents.partitions import documents
+from rag_pipeline.defs.documents.sensors import document_failure_sensor
+from rag_pipeline.defs.documents.assets import document_embeddings
+from rag_pipeline.defs.sources.assets import build_source_assets
+from rag_pipeline.sources.local import LocalFolderSource
+from rag_pipeline_tests.test_dagster_helpers import (  # noqa: F401  (fixtures)
+    DOCUMENT_ASSETS,
+    check_results,
+    copy_corpus,
+    folder,
+    instance,
+    keys_for,
+    materialize_batch,
+    materialize_document,
+    metadata_of,
+    resources_for,
+    spec_for,
+    write_folder,
+)
+
+PER_DOCUMENT_KEYS = {"characters", "pages", "characters_per_page", "chunks", "model", "duration_s", "skip_reason",
+                     "preview", "action", "status", "version"}
+
+
+def run_index_checks(resources, instance) -> dict[str, dg.AssetCheckEvaluation]:
+    """Execute the ``index_checks`` job (the hourly schedule's target) and return its evaluations by name."""
+    defs = dg.Definitions(assets=DOCUMENT_ASSETS, asset_checks=INDEX_CHECKS, jobs=[index_checks_job],
+                          resources=resources)
+    result = defs.resolve_job_def("index_checks").execute_in_process(instance=instance)
+    evals = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(evals) == {c.check_key.name for c in INDEX_CHECKS}
+    return evals
+
+
+def _row(store, source_id: str):
+    with store.connection() as conn:
+        return conn.execute(
+            "SELECT status, version, failure_count, last_error, chunk_count FROM documents WHERE source_id = %s",
+            (source_id,)).fetchone()
+
+
+def test_documents_materialize_with_metadata_and_checks(instance, tmp_path, database_url, store, shared_dir, httpserver):
+    httpserver.expect_request("/hook").respond_with_data("ok")
+    folder = write_folder(tmp_path / "docs", ["bees.md"])
+    copy_corpus(shared_dir, folder, ["fake-memo.pdf", "empty.txt"])
+    spec = spec_for(folder)
+    resources = resources_for(database_url, [spec], webhook_url=httpserver.url_for("/hook"))
+    bees, memo, empty = keys_for(spec, ["bees.md", "fake-memo.pdf", "empty.txt"])
+
+    result = materialize_document(instance, resources, memo)
+    md = metadata_of(result, "document_markdown")[memo]
+    assert PER_DOCUMENT_KEYS <= set(md)
+    assert md["action"] == "staged" and md["pages"] == 1 and md["characters"] > 100
+    assert md["characters_per_page"] == md["characters"] and "20,000 bottles of water" in md["preview"]
+    chunks_md = metadata_of(result, "document_chunks")[memo]
+    written = metadata_of(result, "document_embeddings")[memo]
+    assert written["action"] == "written" and written["model"] == "all-MiniLM-L6-v2"
+    assert written["chunks"] == chunks_md["chunks"] >= 1 and written["version"] == 1 and written["skip_reason"] == ""
+    check = check_results(result, "chunk_count_complete")[memo]
+    assert check.passed and check.metadata["stored"].value == check.metadata["expected"].value == written["chunks"]
+    assert _row(store, "fake-memo.pdf")[:2] == ("completed", 1)
+
+    # the same content again: nothing re-extracted or re-embedded, the check still holds
+    again = materialize_document(instance, resources, memo)
+    assert metadata_of(again, "document_markdown")[memo]["skip_reason"] == "content unchanged"
+    assert metadata_of(again, "document_embeddings")[memo]["skip_reason"] == "embeddings up to date"
+    assert check_results(again, "chunk_count_complete")[memo].passed
+    assert _row(store, "fake-memo.pdf")[:2] == ("completed", 1)
+
+    # a deterministic content error: permanently_failed at once, the run itself succeeds, one alert
+    failed = materialize_document(instance, resources, empty)
+    assert metadata_of(failed, "document_markdown")[empty]["skip_reason"] == "empty"
+    assert metadata_of(failed, "document_embeddings")[empty]["skip_reason"] == "nothing staged (status permanently_failed)"
+    assert check_results(failed, "chunk_count_complete")[empty].passed  # nothing indexed, nothing expected
+    assert _row(store, "empty.txt")[0] == "permanently_failed"
+    (alert,) = [json.loads(req.get_data()) for req, _ in httpserver.log]
+    assert alert["event"] == "permanently_failed" and alert["details"]["documents"][0]["source_id"] == "empty.txt"
+
+    # the index-wide checks: no mixed versions, the permanently failed document listed (WARN), one model
+    evals = run_index_checks(resources, instance)
+    assert evals["index_versions_unique"].passed
+    assert not evals["no_permanently_failed_documents"].passed
+    assert evals["no_permanently_failed_documents"].severity == dg.AssetCheckSeverity.WARN
+    assert "| empty.txt | empty |" in evals["no_permanently_failed_documents"].metadata["documents"].value
+    assert evals["embedding_model_consistent"].passed
+    assert materialize_document(instance, resources, bees).success
+
+
+def test_reembed_backfill_runs_in_batches_without_extraction(instance, tmp_path, database_url, store):
+    folder = write_folder(tmp_path / "docs", ["bees.md", "tides.txt", "volcano.md"])
+    spec = spec_for(folder)
+    resources = resources_for(database_url, [spec])
+    keys = keys_for(spec, ["bees.md", "tides.txt", "volcano.md"])
+    assert materialize_batch(instance, resources, keys).success  # the initial load, one batch
+    with store.connection() as conn:
+        before = conn.execute("SELECT document_id, ordinal, text FROM chunks ORDER BY 1, 2").fetchall()
+        # the index was built by another model (same dimension): the warning check counts what is left
+        conn.execute("UPDATE chunks SET embedding_model = 'old-model' WHERE text LIKE '%%bees%%' OR text LIKE '%%Tides%%'")
+    consistent = run_index_checks(resources, instance)["embedding_model_consistent"]
+    assert not consistent.passed and consistent.severity == dg.AssetCheckSeverity.WARN
+    assert consistent.metadata["other_model_chunks"].value == 2
+    assert consistent.metadata["other_model_documents"].value == 2
+
+    # the backfill: only document_embeddings, one ranged run over the three documents
+    for sid in ("bees.md", "tides.txt", "volcano.md"):
+        (folder / sid).unlink()  # proof that nothing is fetched or extracted again
+    batch = materialize_batch(instance, resources, keys, assets=[document_embeddings])
+    assert batch.success
+    actions = {k: m["action"] for k, m in metadata_of(batch, "document_embeddings").items()}
+    assert actions == {keys[0]: "re-embedded", keys[1]: "re-embedded", keys[2]: "skipped"}
+    per_partition = check_results(batch, "chunk_count_complete")
+    assert {k for k in per_partition if k} == set(keys) and all(e.passed for e in per_partition.values())
+    with store.connection() as conn:
+        after = conn.execute("SELECT document_id, ordinal, text FROM chunks ORDER BY 1, 2").fetchall()
+        versions = dict(conn.execute("SELECT source_id, version FROM documents").fetchall())
+        logged = conn.execute("SELECT action, count(*) FROM ingest_log GROUP BY 1 ORDER BY 1").fetchall()
+    assert after == before  # the same chunk texts, new vectors
+    assert versions == {"bees.md": 2, "tides.txt": 2, "volcano.md": 1}
+    assert logged == [("added", 3), ("re-embedded", 2)]
+    assert all(e.passed for e in run_index_checks(resources, instance).values())
+
+
+def test_inventory_guard_and_purge(instance, tmp_path, database_url, store, httpserver):
+    httpserver.expect_request("/hook").respond_with_data("ok")
+    folder = write_folder(tmp_path / "docs")
+    spec = spec_for(folder)
+    resources = resources_for(database_url, [spec], webhook_url=httpserver.url_for("/hook"))
+    keys = keys_for(spec, sorted(p.name for p in folder.iterdir()))
+    assert materialize_batch(instance, resources, keys).success
+    inventory, purge = build_source_assets(spec)
+
+    (folder / "comets.md").unlink()  # 1 of 5 = 20%: allowed
+    result = dg.materialize([inventory, purge], resources=resources, instance=instance)
+    assert result.success
+    (guard,) = result.get_asset_check_evaluations()
+    assert guard.passed and guard.metadata["to_delete"].value == 1 and guard.metadata["indexed"].value == 5
+    listed = metadata_of(result, "docs__source_inventory")[None]
+    assert (listed["listed"], listed["complete"], listed["deleted"], listed["unchanged"]) == (4, True, 1, 4)
+    assert metadata_of(result, "docs__purge_deleted_documents")[None]["deleted"] == 1
+    assert _row(store, "comets.md") == ("deleted", 1, 0, None, 0)
+    assert "docs:comets.md" not in instance.get_dynamic_partitions(documents.name)
+    with store.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id "
+                            "WHERE d.source_id = 'comets.md'").fetchone()[0] == 0
+
+    for name in ("bees.md", "tides.txt"):  # 2 of 4 = 50%: the guard trips
+        (folder / name).unlink()
+    tripped = dg.materialize([inventory, purge], resources=resources, instance=instance, raise_on_error=False)
+    assert not tripped.success  # a blocking check failed: the run fails, the purge never starts
+    (guard,) = tripped.get_asset_check_evaluations()
+    assert not guard.passed
+    assert guard.description == "would delete 2 of 4 documents (50%), more than the allowed 20%: nothing deleted"
+    assert (guard.metadata["to_delete"].value, guard.metadata["indexed"].value) == (2, 4)
+    assert not tripped.asset_materializations_for_node("docs__purge_deleted_documents")
+    assert _row(store, "bees.md")[0] == "completed"
+    (alert,) = [json.loads(req.get_data()) for req, _ in httpserver.log]
+    assert alert["event"] == "deletion_guard" and alert["details"]["to_delete"] == 2
+
+    # the explicit, logged override applies a real mass deletion
+    override = dg.materialize([inventory, purge], resources=resources, instance=instance,
+                              run_config={"ops": {"docs__source_inventory": {"config": {"allow_mass_delete": True}}}})
+    assert override.success
+    assert _row(store, "bees.md")[0] == "deleted" and _row(store, "tides.txt")[0] == "deleted"
+
+
+def _fail_sensor(instance, resources, run_id: str):
+    run = instance.get_run_by_id(run_id)
+    (event,) = [r.dagster_event for r in instance.all_logs(run_id, of_type=DagsterEventType.RUN_FAILURE)]
+    context = dg.build_run_status_sensor_context(
+        sensor_name="document_failure_sensor", dagster_event=event, dagster_instance=instance, dagster_run=run,
+        resources=resources).for_run_failure()
+    return document_failure_sensor(context)
+
+
+def test_failure_count_spans_runs_and_becomes_permanent(instance, tmp_path, database_url, store, httpserver):
+    httpserver.expect_request("/hook").respond_with_data("ok")
+    folder = write_folder(tmp_path / "docs", ["bees.md"])
+    spec = spec_for(folder)
+    resources = resources_for(database_url, [spec], webhook_url=httpserver.url_for("/hook"))
+    (doc,) = LocalFolderSource(folder).list_documents().documents
+    (key,) = keys_for(spec, ["bees.md"])
+    listing = {"ops": {"document_markdown": {"config": {"listing": json.dumps(
+        {"source_id": doc.source_id, "title": doc.title, "uri": doc.uri, "content_sha256": doc.content_sha256})}}}}
+    (folder / "bees.md").rename(folder / "elsewhere.bin")  # listed by the sensor, gone when the run fetches it
+
+    counts = []
+    for attempt in range(3):
+        run = materialize_document(instance, resources, key, run_config=listing, raise_on_error=False)
+        assert not run.success
+        retries = [e for e in run.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY]
+        assert len(retries) == 2  # the RetryPolicy retried inside the run before it failed
+        assert _fail_sensor(instance, resources, run.run_id) is None
+        counts.append(_row(store, "bees.md")[:3])
+        if attempt == 0:  # the same failure delivered twice counts once
+            _fail_sensor(instance, resources, run.run_id)
+            assert _row(store, "bees.md")[2] == 1
+    assert counts == [("failed", 0, 1), ("failed", 0, 2), ("permanently_failed", 0, 3)]
+    assert _row(store, "bees.md")[3].startswith("cannot read bees.md")
+    (alert,) = [json.loads(req.get_data()) for req, _ in httpserver.log]
+    assert alert["event"] == "permanently_failed" and alert["details"]["documents"][0]["source_id"] == "bees.md"
+    assert "after 3 failed attempts" in alert["message"]
+
+    (folder / "elsewhere.bin").rename(folder / "bees.md")  # it comes back: success resets the count
+    assert materialize_document(instance, resources, key, run_config=listing).success
+    assert _row(store, "bees.md")[:3] == ("completed", 1, 0)
+
+
+def test_index_versions_unique_fails_on_mixed_versions(instance, tmp_path, database_url, store):
+    folder = write_folder(tmp_path / "docs", ["tides.txt"])
+    spec = spec_for(folder)
+    resources = resources_for(database_url, [spec])
+    (key,) = keys_for(spec, ["tides.txt"])
+    assert materialize_document(instance, resources, key).success
+    with store.connection() as conn:  # what the swap transaction must never leave behind
+        conn.execute("INSERT INTO chunks (id, document_id, version, ordinal, text, text_sha256, embedding, "
+                     "embedding_model, token_count) SELECT id || 'x', document_id, version + 1, ordinal, text, "
+                     "text_sha256, embedding, embedding_model, token_count FROM chunks")
+    evals = run_index_checks(resources, instance)
+    assert not evals["index_versions_unique"].passed
+    assert evals["index_versions_unique"].metadata["documents_with_mixed_versions"].value == 1
+    assert evals["index_versions_unique"].metadata["examples"].value == [
+        {"source": f"local:{folder}", "source_id": "tides.txt", "versions": [1, 2]}]

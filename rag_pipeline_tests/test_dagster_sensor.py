@@ -1,0 +1,225 @@
+"""``source_diff_sensor`` evaluated with ``dg.build_sensor_context`` against a real folder and the embedded
+PostgreSQL: new, changed, deleted documents, the deletion guard, retries of failed documents, and the
+bookkeeping (partitions, run keys, backpressure)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+from rag_pipeline.defs.documents.jobs import ingest_job
+from rag_pipeline.defs.documents.partitions import documents
+from rag_pipeline.defs.ingestion.resources import SettingsResource
+from rag_pipeline.defs.sources.jobs import build_inventory_job
+from rag_pipeline.defs.sources.sensors import build_source_diff_sensor
+from rag_pipeline.sources.local import LocalFolderSource
+from rag_pipeline.store import write as w
+from rag_pipeline_tests.test_dagster_helpers import (  # noqa: F401  (fixtures)
+    TEXTS,
+    folder,
+    instance,
+    keys_for,
+    resources_for,
+    spec_for,
+)
+
+
+def index_folder(store, folder: Path, names=None, *, dimension: int = 384) -> dict[str, int]:
+    """Write the folder's documents into the index as completed (the real swap transaction, with
+    placeholder vectors: the sensor never reads vectors). Returns ``{source_id: document id}``."""
+    source = LocalFolderSource(folder)
+    ids = {}
+    rng = np.random.default_rng(0)
+    with store.connection() as conn:
+        for doc in source.list_documents().documents:
+            if names is not None and doc.source_id not in names:
+                continue
+            text = (folder / doc.source_id).read_text()
+            document_id = w.ensure_document(conn, source.name, doc)
+            vector = rng.normal(size=dimension).astype(np.float32)
+            w.replace_document(conn, document_id, doc=doc, content_sha256=doc.content_sha256,
+                               chunks=[w.ChunkRow(0, text, 20, vector / np.linalg.norm(vector))],
+                               embedding_model="all-MiniLM-L6-v2", mime_type="text/plain", doc_type="txt",
+                               char_count=len(text), page_count=None, stats={}, markdown=text, expires=None)
+            ids[doc.source_id] = document_id
+    return ids
+
+
+def tick(instance, spec, database_url, *, cursor=None, apply_partitions=True, **settings_overrides):
+    """Evaluate the sensor once; apply its partition requests to ``instance`` like the daemon does."""
+    sensor = build_source_diff_sensor(spec, ingest_job, build_inventory_job(spec))
+    resources = resources_for(database_url, [spec])
+    if settings_overrides:
+        resources["rag_settings"] = SettingsResource(
+            overrides=json.dumps({"database_url": database_url, **settings_overrides}))
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+    result = sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    if apply_partitions:
+        for request in result.dynamic_partitions_requests or []:
+            if isinstance(request, dg.AddDynamicPartitionsRequest):
+                instance.add_dynamic_partitions(documents.name, list(request.partition_keys))
+            else:
+                for key in request.partition_keys:
+                    instance.delete_dynamic_partition(documents.name, key)
+    return result
+
+
+def document_runs(result: dg.SensorResult) -> dict[str, dg.RunRequest]:
+    return {r.partition_key: r for r in result.run_requests if r.job_name == "ingest_documents"}
+
+
+def inventory_runs(result: dg.SensorResult) -> list[dg.RunRequest]:
+    return [r for r in result.run_requests if r.job_name == "docs_inventory"]
+
+
+def test_new_documents_get_partitions_and_runs(instance, folder, database_url):
+    spec = spec_for(folder)
+    first = tick(instance, spec, database_url)
+    keys = keys_for(spec, sorted(TEXTS))
+    (add,) = first.dynamic_partitions_requests
+    assert isinstance(add, dg.AddDynamicPartitionsRequest) and sorted(add.partition_keys) == keys
+    runs = document_runs(first)
+    assert sorted(runs) == keys
+    bees = runs["docs:bees.md"]
+    assert bees.tags == {"rag/source": "docs", "rag/decision": "add"}
+    listing = json.loads(bees.run_config["ops"]["document_markdown"]["config"]["listing"])
+    assert listing["source_id"] == "bees.md" and len(listing["content_sha256"]) == 64
+    # the very first tick also materializes the inventory (guard check included), without purging
+    (inventory,) = inventory_runs(first)
+    assert inventory.asset_selection == [dg.AssetKey(["docs", "source_inventory"]), dg.AssetKey(["docs", "purge_deleted_documents"])]
+
+    # nothing changed: the same run keys again (Dagster drops duplicates), no partitions to add
+    second = tick(instance, spec, database_url, cursor=first.cursor)
+    assert not second.dynamic_partitions_requests
+    assert {k: r.run_key for k, r in document_runs(second).items()} == {k: r.run_key for k, r in runs.items()}
+    assert not inventory_runs(second)
+
+
+def test_only_changed_documents_are_requested(instance, folder, database_url, store):
+    spec = spec_for(folder)
+    index_folder(store, folder)
+    rebuilt = tick(instance, spec, database_url, cursor="{}")
+    # the index is the truth: partitions are rebuilt from the listing, no document needs a run
+    assert not rebuilt.run_requests and len(instance.get_dynamic_partitions(documents.name)) == 5
+    quiet = tick(instance, spec, database_url, cursor=rebuilt.cursor)
+    assert not quiet.run_requests and quiet.skip_reason.skip_message == "5 listed, nothing to do"
+
+    (folder / "tides.txt").write_text("Tides rise and fall twice a day.\n")
+    changed = tick(instance, spec, database_url, cursor=quiet.cursor)
+    (run,) = changed.run_requests
+    assert (run.partition_key, run.tags["rag/decision"]) == ("docs:tides.txt", "change")
+    assert run.run_key.startswith("docs:tides.txt|") and run.run_key.endswith("-v1-f0")
+
+
+def test_deletion_within_guard_requests_inventory_and_purge(instance, tmp_path, database_url, store):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for n in range(6):
+        (folder / f"note{n}.txt").write_text(f"Note number {n} about a different topic.\n")
+    spec = spec_for(folder)
+    index_folder(store, folder)
+    first = tick(instance, spec, database_url, cursor="{}")
+    assert not first.run_requests
+    (folder / "note3.txt").unlink()  # 1 of 6 = 17%, within the 20% guard
+    result = tick(instance, spec, database_url, cursor=first.cursor)
+    (inventory,) = inventory_runs(result)
+    assert inventory.asset_selection == [dg.AssetKey(["docs", "source_inventory"]),
+                                         dg.AssetKey(["docs", "purge_deleted_documents"])]
+    assert inventory.tags["rag/reason"] == "deletions"
+    assert not document_runs(result)
+    # the vanished document keeps its partition until the purge removes it
+    assert "docs:note3.txt" in instance.get_dynamic_partitions(documents.name)
+
+
+@pytest.mark.parametrize("case", ["too_many", "empty", "missing"])
+def test_guard_trip_requests_inventory_without_purge(instance, folder, database_url, store, case):
+    spec = spec_for(folder)
+    index_folder(store, folder)
+    if case == "too_many":  # 2 of 5 = 40% > 20%
+        (folder / "bees.md").unlink()
+        (folder / "tides.txt").unlink()
+        reason = "would delete 2 of 5 documents (40%), more than the allowed 20%: nothing deleted"
+    elif case == "empty":  # an unmounted share looks like an empty folder
+        for f in folder.iterdir():
+            f.unlink()
+        reason = "empty listing while the index holds 5 documents of this source: nothing deleted"
+    else:
+        folder.rename(folder.with_name("elsewhere"))
+        reason = f"listing incomplete (listing failed: source folder {folder} does not exist or is not a directory): nothing deleted"
+    result = tick(instance, spec, database_url, cursor="{}")
+    (inventory,) = inventory_runs(result)
+    assert inventory.asset_selection == [dg.AssetKey(["docs", "source_inventory"])]  # no purge requested
+    assert inventory.tags["rag/reason"] == "guard" and inventory.tags["rag/guard"] == reason
+    assert not document_runs(result)
+    # partitions of listed documents are (re)added, but nothing is dropped on a failed guard
+    assert not [r for r in result.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)]
+    # the same situation on the next tick maps to the same run key: one alert a day, not one per tick
+    again = tick(instance, spec, database_url, cursor=result.cursor)
+    assert inventory_runs(again)[0].run_key == inventory.run_key
+    with store.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM documents WHERE status = 'completed'").fetchone()[0] == 5
+
+
+def test_failed_documents_are_retried_with_backoff(instance, folder, database_url, store):
+    spec = spec_for(folder)
+    ids = index_folder(store, folder, names=["bees.md", "tides.txt", "volcano.md"])
+    with store.connection() as conn:  # the states the failure sensor leaves behind
+        conn.execute("UPDATE documents SET status = 'failed', failure_count = 1, last_error = 'timeout' WHERE id = %s",
+                     (ids["bees.md"],))
+        conn.execute("UPDATE documents SET status = 'permanently_failed', failure_count = 3, last_error = 'timeout', "
+                     "seen_sha256 = content_sha256 WHERE id = %s", (ids["tides.txt"],))
+        conn.execute("UPDATE documents SET status = 'failed', failure_count = 2, last_error = 'timeout', "
+                     "seen_sha256 = content_sha256 WHERE id = %s", (ids["volcano.md"],))
+    for name in ("glaciers.txt", "comets.md"):
+        (folder / name).unlink()  # keep only the three indexed documents listed
+
+    # within the backoff (1 h * 2**(n-1)): nothing is retried yet
+    waiting = tick(instance, spec, database_url, cursor="{}", retry_backoff_s=3600)
+    assert not document_runs(waiting)
+    # backoff elapsed (0 s): both failed documents are retried; the permanently failed one is not
+    due = tick(instance, spec, database_url, cursor="{}", retry_backoff_s=0)
+    runs = document_runs(due)
+    assert sorted(runs) == ["docs:bees.md", "docs:volcano.md"]
+    assert runs["docs:bees.md"].tags["rag/decision"] == "retry" and runs["docs:bees.md"].run_key.endswith("-f1")
+    assert runs["docs:volcano.md"].run_key.endswith("-f2")
+    # a permanently failed document comes back only when its content changes
+    (folder / "tides.txt").write_text("Neap tides happen at the quarter moons.\n")
+    changed = document_runs(tick(instance, spec, database_url, cursor="{}", retry_backoff_s=3600))
+    assert list(changed) == ["docs:tides.txt"] and changed["docs:tides.txt"].tags["rag/decision"] == "change"
+
+
+def test_in_flight_runs_limit_requests(instance, folder, database_url):
+    spec = spec_for(folder, max_inflight_runs=3)
+    instance.add_run(DagsterRun(job_name="ingest_documents", run_id="inflight-1", status=DagsterRunStatus.STARTED,
+                                tags={"rag/source": "docs", "dagster/partition": "docs:bees.md"}))
+    result = tick(instance, spec, database_url)
+    runs = document_runs(result)
+    # 3 allowed in flight, 1 running: 2 more, never the running one; the others wait for a later tick
+    assert len(runs) == 2 and "docs:bees.md" not in runs
+    assert json.loads(result.cursor)["waiting"] == 2
+
+
+def test_stale_partitions_are_dropped_after_a_complete_listing(instance, folder, database_url):
+    spec = spec_for(folder)
+    instance.add_dynamic_partitions(documents.name, ["docs:long-gone.md", "other:kept.md"])
+    result = tick(instance, spec, database_url, apply_partitions=False)
+    deletes = [r for r in result.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)]
+    assert [list(r.partition_keys) for r in deletes] == [["docs:long-gone.md"]]  # another source's key is kept
+
+
+def test_one_tick_is_fast_for_an_unchanged_source(instance, folder, database_url, store):
+    spec = spec_for(folder)
+    index_folder(store, folder)
+    tick(instance, spec, database_url, cursor="{}")
+    started = time.perf_counter()
+    tick(instance, spec, database_url, cursor="{}")
+    # the scale figures are in benchmarks/bench_sensor.py; here only a sanity bound for 5 documents
+    assert time.perf_counter() - started < 5, os.environ.get("CI")
