@@ -209,12 +209,20 @@ def test_failure_count_spans_runs_and_becomes_permanent(instance, tmp_path, data
             assert _row(store, "bees.md")[2] == 1
     assert counts == [("failed", 0, 1), ("failed", 0, 2), ("permanently_failed", 0, 3)]
     assert _row(store, "bees.md")[3].startswith("cannot read bees.md")
+    with store.connection() as conn:  # the attempts were for the listed content: recorded as seen
+        assert conn.execute("SELECT seen_sha256 FROM documents WHERE source_id = 'bees.md'").fetchone()[0] == \
+            doc.content_sha256
     (alert,) = [json.loads(req.get_data()) for req, _ in httpserver.log]
     assert alert["event"] == "permanently_failed" and alert["details"]["documents"][0]["source_id"] == "bees.md"
     assert "after 3 failed attempts" in alert["message"]
 
-    (folder / "elsewhere.bin").rename(folder / "bees.md")  # it comes back: success resets the count
-    assert materialize_document(instance, resources, key, run_config=listing).success
+    # the same content again stays given up on; new content is tried again and success resets the count
+    (folder / "elsewhere.bin").rename(folder / "bees.md")
+    same = materialize_document(instance, resources, key, run_config=listing)
+    assert metadata_of(same, "document_markdown")[key]["skip_reason"].startswith(
+        "permanently failed and content unchanged: cannot read bees.md")
+    (folder / "bees.md").write_text("# Bees\n\nBees see ultraviolet light that people cannot.\n")
+    assert materialize_document(instance, resources, key).success
     assert _row(store, "bees.md")[:3] == ("completed", 1, 0)
 
 

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
 import pytest
 
 from rag_pipeline.defs.documents.assets import document_chunks, document_embeddings, document_markdown
@@ -21,6 +22,8 @@ from rag_pipeline.defs.ingestion.resources import (
     StoreResource,
 )
 from rag_pipeline.defs.sources.config import SourceSpec, spec_from_dict
+from rag_pipeline.sources.local import LocalFolderSource
+from rag_pipeline.store import write as w
 
 DOCUMENT_ASSETS = [document_markdown, document_chunks, document_embeddings]
 
@@ -112,3 +115,24 @@ def copy_corpus(shared_dir: Path, dest: Path, names: list[str]) -> Path:
     for n in names:
         shutil.copy(shared_dir / "corpus" / n, dest / n)
     return dest
+
+
+def index_folder(store, folder: Path, names=None, *, dimension: int = 384) -> dict[str, int]:
+    """Write the folder's documents into the index as completed (the real swap transaction, with
+    placeholder vectors: the sensor never reads vectors). Returns ``{source_id: document id}``."""
+    source = LocalFolderSource(folder)
+    ids = {}
+    rng = np.random.default_rng(0)
+    with store.connection() as conn:
+        for doc in source.list_documents().documents:
+            if names is not None and doc.source_id not in names:
+                continue
+            text = (folder / doc.source_id).read_text()
+            document_id = w.ensure_document(conn, source.name, doc)
+            vector = rng.normal(size=dimension).astype(np.float32)
+            w.replace_document(conn, document_id, doc=doc, content_sha256=doc.content_sha256,
+                               chunks=[w.ChunkRow(0, text, 20, vector / np.linalg.norm(vector))],
+                               embedding_model="all-MiniLM-L6-v2", mime_type="text/plain", doc_type="txt",
+                               char_count=len(text), page_count=None, stats={}, markdown=text, expires=None)
+            ids[doc.source_id] = document_id
+    return ids

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import dagster as dg
-import numpy as np
 import pytest
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 
@@ -19,37 +18,15 @@ from rag_pipeline.defs.documents.partitions import documents
 from rag_pipeline.defs.ingestion.resources import SettingsResource
 from rag_pipeline.defs.sources.jobs import build_inventory_job
 from rag_pipeline.defs.sources.sensors import build_source_diff_sensor
-from rag_pipeline.sources.local import LocalFolderSource
-from rag_pipeline.store import write as w
 from rag_pipeline_tests.test_dagster_helpers import (  # noqa: F401  (fixtures)
     TEXTS,
     folder,
+    index_folder,
     instance,
     keys_for,
     resources_for,
     spec_for,
 )
-
-
-def index_folder(store, folder: Path, names=None, *, dimension: int = 384) -> dict[str, int]:
-    """Write the folder's documents into the index as completed (the real swap transaction, with
-    placeholder vectors: the sensor never reads vectors). Returns ``{source_id: document id}``."""
-    source = LocalFolderSource(folder)
-    ids = {}
-    rng = np.random.default_rng(0)
-    with store.connection() as conn:
-        for doc in source.list_documents().documents:
-            if names is not None and doc.source_id not in names:
-                continue
-            text = (folder / doc.source_id).read_text()
-            document_id = w.ensure_document(conn, source.name, doc)
-            vector = rng.normal(size=dimension).astype(np.float32)
-            w.replace_document(conn, document_id, doc=doc, content_sha256=doc.content_sha256,
-                               chunks=[w.ChunkRow(0, text, 20, vector / np.linalg.norm(vector))],
-                               embedding_model="all-MiniLM-L6-v2", mime_type="text/plain", doc_type="txt",
-                               char_count=len(text), page_count=None, stats={}, markdown=text, expires=None)
-            ids[doc.source_id] = document_id
-    return ids
 
 
 def tick(instance, spec, database_url, *, cursor=None, apply_partitions=True, **settings_overrides):

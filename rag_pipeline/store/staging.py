@@ -181,13 +181,17 @@ class AttemptResult:
 
 
 def record_attempt_failure(conn: psycopg.Connection, document_id: int, *, attempt_key: str, reason: str,
-                           max_failures: int, source: str | None = None) -> AttemptResult:
+                           max_failures: int, source: str | None = None, seen_sha256: str | None = None,
+                           seen_source_version: str | None = None) -> AttemptResult:
     """Count one failed attempt of ``document_id`` identified by ``attempt_key`` (e.g. a Dagster run id).
 
     Idempotent per (document, attempt key). A ``failed``/``pending``/``completed`` document goes to
     ``failed`` with ``failure_count + 1``, or ``permanently_failed`` at ``max_failures`` (previous complete
-    chunks stay searchable); a ``deleted`` or already ``permanently_failed`` one is left as it is. Writes an
-    ``ingest_log`` row. Raises ``LookupError`` when the document does not exist.
+    chunks stay searchable); a ``deleted`` or already ``permanently_failed`` one is left as it is.
+    ``seen_sha256``/``seen_source_version``: the content the attempt was for, when known (the listing's hash):
+    recorded so the next diff plans a retry of *that* content, and new content restarts the count
+    (``store.write.record_failure``); None keeps what the row has. Writes an ``ingest_log`` row. Raises
+    ``LookupError`` when the document does not exist.
     """
     with conn.transaction():
         row = conn.execute(
@@ -202,8 +206,8 @@ def record_attempt_failure(conn: psycopg.Connection, document_id: int, *, attemp
         if inserted is None or status in ("deleted", "permanently_failed"):
             return AttemptResult(status, count, False, False)
         new_status, new_count = w.record_failure(conn, document_id, reason=reason, terminal=False,
-                                                 max_failures=max_failures, seen_sha256=seen_sha,
-                                                 seen_source_version=seen_version)
+                                                 max_failures=max_failures, seen_sha256=seen_sha256 or seen_sha,
+                                                 seen_source_version=seen_source_version or seen_version)
         w.log_ingest(conn, run_id=None, document_id=document_id, source=source or doc_source, source_id=source_id,
                      action="failed", status=new_status, reason=reason)
     return AttemptResult(new_status, new_count, True, new_status == "permanently_failed")
@@ -229,19 +233,26 @@ def pending_deletions(conn: psycopg.Connection, source: str) -> list[tuple[int, 
         (source,)).fetchall()]
 
 
-def purge_pending_deletions(conn: psycopg.Connection, source: str) -> list[tuple[int, str]]:
+PENDING_MAX_AGE_S = 3600.0
+"""Pending deletions older than this (seconds) are dropped unapplied: the listing that found them is stale."""
+
+
+def purge_pending_deletions(conn: psycopg.Connection, source: str, *,
+                            max_age_s: float = PENDING_MAX_AGE_S) -> list[tuple[int, str]]:
     """Tombstone the pending deletions of ``source`` (chunks and Markdown removed, row kept as ``deleted``)
-    and empty the list, in one transaction. A document written or seen again since it was listed as
-    pending is kept. Returns the ``(document_id, source_id)`` pairs tombstoned."""
+    and empty the list, in one transaction. Kept instead: a document written or seen again since it was
+    listed as pending, and every entry older than ``max_age_s`` seconds (run the inventory again). Returns
+    the ``(document_id, source_id)`` pairs tombstoned."""
     with conn.transaction():
         rows = conn.execute(
             """
             SELECT p.document_id, p.source_id FROM pending_deletions p JOIN documents d ON d.id = p.document_id
             WHERE p.source = %s AND d.status <> 'deleted'
+              AND p.detected_at >= clock_timestamp() - make_interval(secs => %s)
               AND d.updated_at <= p.detected_at AND COALESCE(d.last_seen_at, d.updated_at) <= p.detected_at
             ORDER BY p.source_id
             """,
-            (source,),
+            (source, max_age_s),
         ).fetchall()
         conn.execute("DELETE FROM pending_deletions WHERE source = %s", (source,))
         ids = [int(r[0]) for r in rows]

@@ -110,8 +110,11 @@ def document_failure_sensor(context: dg.RunFailureSensorContext, rag_settings: S
                 document_id = w.ensure_document(conn, source_name, doc)
             else:
                 document_id = i.id
-            result = staging.record_attempt_failure(conn, document_id, attempt_key=attempt, reason=reason,
-                                                    max_failures=settings.max_failures, source=source_name)
+            listed = listing if listing.get("source_id") == sid else {}
+            result = staging.record_attempt_failure(
+                conn, document_id, attempt_key=attempt, reason=reason, max_failures=settings.max_failures,
+                source=source_name, seen_sha256=listed.get("content_sha256"),
+                seen_source_version=listed.get("source_version"))
             context.log.info(f"{key}: status {result.status}, failure_count {result.failure_count}"
                              f"{'' if result.recorded else ' (already counted)'}")
             if result.became_permanent:
