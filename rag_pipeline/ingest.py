@@ -275,7 +275,7 @@ def _stored_version(conn: psycopg.Connection, i: IndexedDocument, embedder: Embe
         chunks = chunk_for_embedder(markdown, embedder, chunk_size=settings.chunk_size,
                                     chunk_overlap=settings.chunk_overlap)
     else:
-        chunks = [Chunk(c.text, c.ordinal, c.pages, c.heading_path, n, c.metadata) for c, n in zip(chunks, counts)]
+        chunks = [Chunk(c.text, c.ordinal, c.pages, c.heading_path, n, c.metadata) for c, n in zip(chunks, counts, strict=True)]
     doc = SourceDocument(source_id=i.source_id, title=i.title or i.source_id, uri=i.uri or "", mime_type=mime,
                          modified_at=i.modified_at, source_version=source_version, metadata=dict(i.metadata or {}))
     return _Pending(i, "re-embed", doc, sha, chunks, markdown, mime or "application/octet-stream",
@@ -327,7 +327,7 @@ def _embed_and_write(conn: psycopg.Connection, source: str, pending: list[_Pendi
     missing = [t for t, h in hashes.items() if h not in vectors]
     try:
         if missing:
-            for t, v in zip(missing, embedder.embed(missing)):
+            for t, v in zip(missing, embedder.embed(missing), strict=True):
                 vectors[hashes[t]] = v
         checkpoint("ingest.after_embed")
     except EmbeddingError as exc:

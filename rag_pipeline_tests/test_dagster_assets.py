@@ -9,11 +9,11 @@ import json
 import dagster as dg
 from dagster._core.events import DagsterEventType
 
+from rag_pipeline.defs.documents.assets import document_embeddings
 from rag_pipeline.defs.documents.checks import INDEX_CHECKS
 from rag_pipeline.defs.documents.jobs import index_checks_job
 from rag_pipeline.defs.documents.partitions import documents
 from rag_pipeline.defs.documents.sensors import document_failure_sensor
-from rag_pipeline.defs.documents.assets import document_embeddings
 from rag_pipeline.defs.sources.assets import build_source_assets
 from rag_pipeline.sources.local import LocalFolderSource
 from rag_pipeline_tests.test_dagster_helpers import (  # noqa: F401  (fixtures)

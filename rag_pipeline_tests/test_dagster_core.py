@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 
-import dagster as dg
 import pytest
 
 from rag_pipeline.config import Settings

@@ -12,9 +12,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from rag_pipeline.definitions import build_definitions
 from rag_pipeline.defs.documents.partitions import document_partition_key, parse_document_partition_key
 from rag_pipeline.defs.sources.config import load_source_specs
-from rag_pipeline.definitions import build_definitions
 
 REPO = Path(__file__).resolve().parents[1]
 DAGSTER = Path(sys.executable).with_name("dagster")

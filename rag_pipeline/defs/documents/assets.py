@@ -166,7 +166,7 @@ def document_embeddings(context: dg.AssetExecutionContext, config: EmbeddingsCon
             names[name] = sources.build(name).name
             written = ingest.write_embeddings(conn, names[name], [sid for _, sid in items], emb, settings,
                                               force=config.force)
-            outcomes.update({key: o for (key, _), o in zip(items, written)})
+            outcomes.update({key: o for (key, _), o in zip(items, written, strict=True)})
         counts = check_sql.chunk_counts(conn, [o.document_id for o in outcomes.values() if o.document_id])
     results = {key: _chunk_check(o, counts.get(o.document_id or -1)) for key, o in outcomes.items()}
     try:

@@ -23,12 +23,12 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from rag_pipeline import reconcile
+from rag_pipeline.config import Settings
 from rag_pipeline.defs.documents.partitions import document_partition_key, documents
 from rag_pipeline.defs.ingestion.resources import EmbedderResource, SettingsResource, SourcesResource, StoreResource
 from rag_pipeline.defs.sources.assets import inventory_key, purge_key
 from rag_pipeline.defs.sources.config import SourceSpec
 from rag_pipeline.reconcile import PlannedDocument
-from rag_pipeline.config import Settings
 from rag_pipeline.sources.base import Source
 from rag_pipeline.store import Store
 from rag_pipeline.store.staging import document_to_json
