@@ -126,8 +126,10 @@ def source_diff_tick(context: dg.SensorEvaluationContext, spec: SourceSpec, sour
         f"{len(requests)} run(s) requested, {len(in_flight)} in flight, {waiting} waiting; "
         f"partitions +{len(to_add)} -{len(to_drop)}; listing+diff {listed_at - started:.2f}s, "
         f"tick {time.perf_counter() - started:.2f}s")
-    new_cursor = json.dumps({"feed": diff.next_cursor, "listed": diff.listed, "waiting": waiting,
-                             "at": round(time.time(), 3)})
+    # Documents still waiting for a run slot are not in the next feed page: keep reading from the old
+    # position (or keep doing full listings) until every listed document has been requested.
+    feed = diff.next_cursor if waiting == 0 else cursor.get("feed")
+    new_cursor = json.dumps({"feed": feed, "listed": diff.listed, "waiting": waiting, "at": round(time.time(), 3)})
     if not requests and not partition_requests:
         return dg.SensorResult(skip_reason=f"{diff.listed} listed, nothing to do", cursor=new_cursor)
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=partition_requests,
