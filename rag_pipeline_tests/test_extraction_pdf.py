@@ -127,11 +127,13 @@ def test_heading_levels_from_font_size_and_numbering(corpus):
 def test_ocr_stops_before_the_time_limit_and_keeps_the_pages_done(corpus):
     from rag_pipeline.config import Settings
 
-    data = _pages(corpus, "single_table.pdf", [0, 0])  # two scanned pages
-    # 8 s limit: OCR may start until 85% of it (6.8 s) with >= 5 s to spare, so exactly one page fits
-    result = extract_in_process(data, filename="scan2.pdf", settings=Settings(extraction_timeout_s=8, ocr_languages="eng"))
-    assert result.stats["ocr_pages"] == [1]
-    assert result.stats["ocr_pages_skipped"] == 1
+    data = _pages(corpus, "single_table.pdf", [0] * 6)  # six scanned pages, ~1-3 s of OCR each
+    # 8 s limit: OCR may start until 85% of it with >= 5 s to spare, so at least one page and never
+    # all six fit, however fast this machine is today (a timing-independent assertion)
+    result = extract_in_process(data, filename="scan6.pdf", settings=Settings(extraction_timeout_s=8, ocr_languages="eng"))
+    done = result.stats["ocr_pages"]
+    assert 1 <= len(done) < 6 and done == list(range(1, len(done) + 1))
+    assert result.stats["ocr_pages_skipped"] == 6 - len(done)
     assert result.stats["low_quality"] is True and "not OCR'd" in result.stats["low_quality_reason"]
     assert "64,058" in result.markdown
 
