@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from rag_pipeline.chunking.markdown import Chunk, ChunkLimits, chunk_markdown, parse_blocks, table_rows_as_text
 
 
@@ -13,17 +11,13 @@ def chunk_for_embedder(markdown: str, embedder, *, chunk_size: int = 1000, chunk
     Returns ``list[Chunk]``; every chunk has ``token_count <= embedder.max_tokens``.
     """
     limits = ChunkLimits(chunk_size=chunk_size, chunk_overlap=chunk_overlap, max_tokens=embedder.max_tokens)
-    offsets = None
     tokenizer = getattr(embedder, "tokenizer", None)
-    if tokenizer is not None and hasattr(tokenizer, "encode"):
-        def offsets(text: str) -> list[tuple[int, int]]:
-            return list(tokenizer.encode(text, add_special_tokens=False).offsets)
-    return chunk_markdown(markdown, limits, embedder.count_tokens, offsets)
 
+    def offsets(text: str) -> list[tuple[int, int]]:
+        return list(tokenizer.encode(text, add_special_tokens=False).offsets)
 
-def count_tokens_sequence(embedder, texts: Sequence[str]) -> list[int]:
-    """Token counts of ``texts`` by ``embedder``'s tokenizer (content tokens only)."""
-    return embedder.count_tokens(texts)
+    usable = tokenizer is not None and hasattr(tokenizer, "encode")
+    return chunk_markdown(markdown, limits, embedder.count_tokens, offsets if usable else None)
 
 
 __all__ = ["Chunk", "ChunkLimits", "chunk_for_embedder", "chunk_markdown", "parse_blocks", "table_rows_as_text"]

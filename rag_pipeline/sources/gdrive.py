@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import email.utils
 import json
 import logging
 import os
@@ -57,6 +56,7 @@ from googleapiclient.discovery import build_from_document
 from googleapiclient.errors import HttpError
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
+from rag_pipeline.sources.http import parse_retry_after
 from rag_pipeline.sources.base import (
     ChangeFeedUnavailable,
     ChangeSet,
@@ -148,16 +148,7 @@ def _retry_after_s(exc: BaseException | None) -> float | None:
     """Seconds from a ``Retry-After`` header (delta-seconds or HTTP date), if the error has one."""
     if not isinstance(exc, HttpError):
         return None
-    value = exc.resp.get("retry-after") if hasattr(exc.resp, "get") else None
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value)
-        if parsed is None:
-            return None
-        return max(0.0, (parsed - datetime.now(timezone.utc)).total_seconds())
+    return parse_retry_after(exc.resp.get("retry-after") if hasattr(exc.resp, "get") else None)
 
 
 @dataclass(frozen=True)

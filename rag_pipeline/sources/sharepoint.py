@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import email.utils
 import json
 import logging
 import os
@@ -51,6 +50,7 @@ import msal
 import requests
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
+from rag_pipeline.sources.http import parse_retry_after
 from rag_pipeline.sources.base import (
     ChangeFeedUnavailable,
     ChangeSet,
@@ -87,20 +87,7 @@ class _RetryableResponse(Exception):
     def __init__(self, response: requests.Response) -> None:
         super().__init__(f"HTTP {response.status_code}")
         self.status = response.status_code
-        self.retry_after_s = _parse_retry_after(response.headers.get("Retry-After"))
-
-
-def _parse_retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        try:
-            parsed = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        return max(0.0, (parsed - datetime.now(timezone.utc)).total_seconds())
+        self.retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
 
 
 def _is_transient(exc: BaseException) -> bool:

@@ -50,7 +50,6 @@ error message or ``repr``.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
 import os
@@ -68,6 +67,7 @@ import httpx2
 import pyzotero
 import tenacity
 
+from rag_pipeline.sources.http import parse_retry_after
 from rag_pipeline.sources.base import (
     ChangeFeedUnavailable,
     ChangeSet,
@@ -130,22 +130,9 @@ def server_delay_s(headers: Mapping[str, str], *, now: datetime | None = None) -
     """
     delays: list[float] = []
     for name in ("backoff", "retry-after"):
-        raw = headers.get(name)
-        if raw is None:
-            continue
-        raw = raw.strip()
-        try:
-            delays.append(max(0.0, float(raw)))
-            continue
-        except ValueError:
-            pass
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError):
-            continue
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        delays.append(max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds()))
+        delay = parse_retry_after(headers.get(name), now=now)
+        if delay is not None:
+            delays.append(delay)
     return max(delays) if delays else None
 
 
