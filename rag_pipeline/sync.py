@@ -107,11 +107,15 @@ class SyncReport:
     listing_error: str | None = None
     embedded: int = 0
     duration_s: float = 0.0
+    held_back: list[str] = field(default_factory=list)
+    """Source ids the deletion guard kept from being deleted (empty when it passed)."""
 
     @property
     def failed(self) -> list[DocumentOutcome]:
-        """Outcomes whose document did not end ``completed``/``deleted`` in this run."""
-        return [d for d in self.documents if d.status not in ("completed", "deleted")]
+        """Documents attempted in this run that did not complete (``action == "failed"``). Documents
+        left alone because they already failed permanently on the same content are not counted again:
+        they were reported (and alerted) when they failed; ``rag-pipeline status`` lists them."""
+        return [d for d in self.documents if d.action == "failed"]
 
     @property
     def ok(self) -> bool:
@@ -604,7 +608,8 @@ def _sync_locked(source: Source, store: Store, embedder: Embedder, settings: Set
                                                   for o in run.newly_permanent]})
 
     report = SyncReport(source.name, run_id, mode, lock, guard, run.outcomes, deleted_ids, listing_error,
-                        run.embedded, time.perf_counter() - started)
+                        run.embedded, time.perf_counter() - started,
+                        held_back=[] if guard.passed else sorted(i.source_id for i in to_delete))
     status = {EXIT_OK: "succeeded", EXIT_DOCUMENT_FAILURES: "documents_failed", EXIT_GUARD: "guard_tripped"}[
         report.exit_code]
     idx_store.finish_run(conn, run_id, status=status, mode=mode, listed=len(listed_docs), guard_passed=guard.passed,

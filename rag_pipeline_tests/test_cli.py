@@ -27,19 +27,37 @@ def test_sync_query_status_and_exit_codes(tmp_path, database_url):
     assert "permanently_failed" in out and "empty" in out
     assert "2 added" in out
 
+    # nothing changed: the permanently failed file is left alone, and this run had no failure
+    again = _cli("sync", str(folder), database_url=database_url)
+    assert again.returncode == 0, again.stdout
+    assert "3 skipped-unchanged" in again.stdout and "0 chunk texts embedded" in again.stdout
+
     answer = _cli("query", "why do bees dance?", "-k", "1", database_url=database_url)
     assert answer.returncode == 0, answer.stderr
     assert "bees.md" in answer.stdout and "waggle dance" in answer.stdout
 
     status = _cli("status", database_url=database_url)
-    assert status.returncode == 0
+    assert status.returncode == 1  # a document is permanently_failed
     assert "completed" in status.stdout and "empty.txt" in status.stdout
+
+    audit = _cli("psql", "-A", "-t", "-c", "SELECT count(*) FROM documents WHERE status = 'completed'",
+                 database_url=database_url)
+    assert audit.returncode == 0 and audit.stdout.strip() == "2"
 
     (folder / "empty.txt").unlink()
     second = _cli("sync", str(folder), database_url=database_url)
     # 1 of 3 documents gone is 33%, over the 20% guard: nothing deleted, exit code 2, the reason printed
     assert second.returncode == 2, second.stdout
     assert "deletion guard" in second.stdout and "would delete 1 of 3" in second.stdout
+    assert "kept (gone from the listing): empty.txt" in second.stdout
     third = _cli("sync", str(folder), "--allow-mass-delete", database_url=database_url)
     assert third.returncode == 0, third.stdout
     assert "1 deleted" in third.stdout
+
+
+def test_a_sync_that_cannot_start_says_why_with_exit_code_4(tmp_path, database_url):
+    missing = _cli("sync", str(tmp_path / "no-such-folder"), database_url=database_url)
+    assert missing.returncode == 4 and "is not a folder" in missing.stdout
+    unknown = _cli("sync", "--source", "dropbox", database_url=database_url)
+    assert unknown.returncode == 4 and "unknown source kind 'dropbox'" in unknown.stdout
+    assert "Traceback" not in missing.stdout + missing.stderr + unknown.stdout + unknown.stderr

@@ -130,7 +130,10 @@ class SentenceTransformerEmbedder:
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
                 started = time.perf_counter()
                 import torch
+                import transformers
                 from sentence_transformers import SentenceTransformer
+
+                transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in reports
 
                 kwargs = {"torch_dtype": torch.bfloat16} if self.bf16 else {}
                 self._model = SentenceTransformer(

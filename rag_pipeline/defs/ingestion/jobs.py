@@ -62,7 +62,9 @@ def run_sync_in_process(resources: dict[str, Any], config: dict[str, Any]) -> Sy
     """Execute ``sync_job`` in this process with ``resources`` and op ``config``; return its report.
     Raises the op's exception when the run fails."""
     result = sync_job.execute_in_process(
-        resources=resources, run_config={"ops": {"sync_source_op": {"config": config}}}, raise_on_error=True)
+        resources=resources, raise_on_error=True,
+        run_config={"ops": {"sync_source_op": {"config": config}},
+                    "loggers": {"console": {"config": {"log_level": "WARNING"}}}})
     report = report_for_run(result.run_id)
     assert report is not None
     return report
