@@ -66,7 +66,7 @@ def main() -> None:
     print(f"model load (float32)                 {load_s:8.2f} s")
     print(f"chunks produced / distinct           {len(texts):8d} / {len(set(texts))}")
     print(f"naive floor: embed all, f32, bs=32   {floor_s:8.2f} s")
-    del floor_embedder  # free the float32 model before the syncs
+    floor_embedder = None  # free the float32 model before the syncs
 
     def run(name: str, folder: Path, settings: Settings, embedder) -> None:
         store = Store.open(settings, embedding_dimension=embedder.dimension, embedding_model=embedder.model_id)
