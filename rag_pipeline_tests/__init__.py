@@ -1,0 +1,1 @@
+"""Tests of rag_pipeline (run with ./scripts/test)."""
