@@ -8,9 +8,8 @@ OCR'd files are extracted once per module (Tesseract takes seconds per page).
 
 from __future__ import annotations
 
-import os
-
 import json
+import os
 import re
 
 import pytest
