@@ -39,6 +39,7 @@ from rag_pipeline.store import index as idx_store
 from rag_pipeline.store import staging
 from rag_pipeline.store import write as w
 from rag_pipeline.store.index import IndexedDocument
+from rag_pipeline.sync import extract_or_reuse
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +184,7 @@ def _extraction_for(conn: psycopg.Connection, document_id: int, sha: str, data: 
     if staged is not None and staged.content_sha256 == sha:
         return Extraction(staged.markdown, staged.mime_type, staged.doc_type, staged.page_count, staged.char_count,
                           {**staged.stats, "reused_extraction": True})
-    stored = idx_store.stored_extraction(conn, sha)
-    if stored is not None:
-        return Extraction(stored.markdown, stored.mime_type, stored.doc_type, stored.page_count, stored.char_count,
-                          {**stored.stats, "reused_extraction": True})
-    from rag_pipeline.extraction import extract
-
-    return extract(data, filename=doc.title or doc.source_id, declared_mime=doc.mime_type, settings=settings)
+    return extract_or_reuse(conn, sha, data, doc, settings)
 
 
 def stage_chunks(conn: psycopg.Connection, source: str, source_id: str, embedder: Embedder,
@@ -322,13 +317,8 @@ def write_embeddings(conn: psycopg.Connection, source: str, source_ids: Sequence
 def _embed_and_write(conn: psycopg.Connection, source: str, pending: list[_Pending], embedder: Embedder,
                      outcomes: dict[str, StepOutcome]) -> None:
     model = embedder.model_id
-    hashes = {c.text: w.text_sha256(c.text) for p in pending for c in p.chunks}
-    vectors = idx_store.cached_embeddings(conn, model, list(hashes.values()))
-    missing = [t for t, h in hashes.items() if h not in vectors]
     try:
-        if missing:
-            for t, v in zip(missing, embedder.embed(missing), strict=True):
-                vectors[hashes[t]] = v
+        vectors, missing = idx_store.vectors_for_texts(conn, embedder, [c.text for p in pending for c in p.chunks])
         checkpoint("ingest.after_embed")
     except EmbeddingError as exc:
         for p in pending:
@@ -338,7 +328,7 @@ def _embed_and_write(conn: psycopg.Connection, source: str, pending: list[_Pendi
     fresh = set(missing)
     for p in pending:
         i = p.indexed
-        rows = [w.ChunkRow(c.ordinal, c.text, c.token_count, vectors[hashes[c.text]], c.pages, c.heading_path,
+        rows = [w.ChunkRow(c.ordinal, c.text, c.token_count, vectors[c.text], c.pages, c.heading_path,
                            c.metadata) for c in p.chunks]
         embedded_here = {c.text for c in p.chunks if c.text in fresh}
         fresh -= embedded_here

@@ -23,7 +23,7 @@ import psycopg
 from rag_pipeline.config import Settings
 from rag_pipeline.sources.base import ChangeFeedUnavailable, Source, SourceDocument, SourceError
 from rag_pipeline.store import staging
-from rag_pipeline.store.index import IndexedDocument
+from rag_pipeline.store.index import IndexedDocument, document_from_index
 from rag_pipeline.sync import GuardResult, evaluate_guard, plan_document
 
 log = logging.getLogger(__name__)
@@ -130,11 +130,9 @@ def diff_documents(source: str, docs: Sequence[SourceDocument], state: dict[str,
         for sid, i in live.items():
             if sid in seen or sid in gone:
                 continue
-            needs = (i.status == "pending" or (i.status == "completed" and not i.complete)
-                     or (i.status == "failed" and i.failure_count < settings.max_failures))
-            if not needs:
+            if not i.needs_work(settings.max_failures):
                 continue
-            doc = staging.document_from_index(i).replace(content_sha256=i.seen_sha256)
+            doc = document_from_index(i).replace(content_sha256=i.seen_sha256)
             decision = plan_document(doc, i, settings)
             if decision in ("retry", "repair", "pending"):
                 decisions[decision] = decisions.get(decision, 0) + 1

@@ -37,7 +37,7 @@ from rag_pipeline.sources.base import (
 from rag_pipeline.store import index as idx_store
 from rag_pipeline.store import write as w
 from rag_pipeline.store.db import Store
-from rag_pipeline.store.index import IndexedDocument
+from rag_pipeline.store.index import IndexedDocument, document_from_index
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,21 @@ def evaluate_guard(*, complete: bool, incomplete_reason: str | None, full_listin
     return result(True, None)
 
 
+def extract_or_reuse(conn: psycopg.Connection, content_sha256: str, data: bytes, doc: SourceDocument,
+                     settings: Settings) -> Extraction:
+    """The document's ``Extraction``: the Markdown already stored for a completed document with the same
+    content hash (stats marked ``reused_extraction``), else ``extraction.extract`` on ``data`` with the
+    source's file name (``metadata["filename"]``, else the title, else the id). Raises ``ExtractionError``."""
+    stored = idx_store.stored_extraction(conn, content_sha256)
+    if stored is not None:
+        return Extraction(stored.markdown, stored.mime_type, stored.doc_type, stored.page_count,
+                          stored.char_count, {**stored.stats, "reused_extraction": True})
+    from rag_pipeline.extraction import extract
+
+    filename = str(doc.metadata.get("filename") or doc.title or doc.source_id)
+    return extract(data, filename=filename, declared_mime=doc.mime_type, settings=settings)
+
+
 def _lock_key(source: str) -> int:
     return int.from_bytes(hashlib.sha256(f"rag_pipeline:{source}".encode()).digest()[:8], "big", signed=True)
 
@@ -299,16 +314,7 @@ class _Run:
                 self.finish(DocumentOutcome(work.doc.source_id, work.doc.title, "skipped-unchanged",
                                             i.status, i.last_error), document_id)
                 return None
-            stored = idx_store.stored_extraction(conn, sha)
-            if stored is not None:
-                extraction = Extraction(stored.markdown, stored.mime_type, stored.doc_type, stored.page_count,
-                                        stored.char_count, {**stored.stats, "reused_extraction": True})
-            else:
-                from rag_pipeline.extraction import extract
-
-                extraction = extract(data, filename=str(work.doc.metadata.get("filename") or work.doc.title
-                                                       or work.doc.source_id),
-                                     declared_mime=work.doc.mime_type, settings=self.settings)
+            extraction = extract_or_reuse(conn, sha, data, work.doc, self.settings)
             checkpoint("sync.after_extract")
             chunks = chunk_for_embedder(extraction.markdown, self.embedder, chunk_size=self.settings.chunk_size,
                                         chunk_overlap=self.settings.chunk_overlap)
@@ -333,16 +339,11 @@ class _Run:
         if not batch:
             return []
         model = self.embedder.model_id
-        hashes = {c.text: w.text_sha256(c.text) for p in batch for c in p.chunks}
-        vectors = idx_store.cached_embeddings(self.conn, model, list(hashes.values()))
-        missing = [t for t, h in hashes.items() if h not in vectors]
         try:
-            if missing:
-                self.emit("embedding", count=len(missing))
-                fresh = self.embedder.embed(missing)
-                for t, v in zip(missing, fresh):
-                    vectors[hashes[t]] = v
-                self.embedded += len(missing)
+            vectors, missing = idx_store.vectors_for_texts(
+                self.conn, self.embedder, [c.text for p in batch for c in p.chunks],
+                before_embed=lambda n: self.emit("embedding", count=n))
+            self.embedded += len(missing)
             checkpoint("sync.after_embed")
         except EmbeddingError as exc:
             for p in batch:
@@ -352,7 +353,7 @@ class _Run:
         fresh_set = set(missing)
         written = []
         for p in batch:
-            rows = [w.ChunkRow(c.ordinal, c.text, c.token_count, vectors[hashes[c.text]], c.pages,
+            rows = [w.ChunkRow(c.ordinal, c.text, c.token_count, vectors[c.text], c.pages,
                                c.heading_path, c.metadata) for c in p.chunks]
             embedded_here = {c.text for c in p.chunks if c.text in fresh_set}
             fresh_set -= embedded_here
@@ -545,14 +546,12 @@ def _sync_locked(source: Source, store: Store, embedder: Embedder, settings: Set
         consider(doc)
     if mode == "changes":
         # The feed only names what changed: retries, interrupted and incomplete documents come from the index.
+        deleting = {d.source_id for d in to_delete}
         for sid, i in live.items():
-            if sid in seen or sid in {d.source_id for d in to_delete}:
+            if sid in seen or sid in deleting:
                 continue
-            needs = (i.status == "pending" or (i.status == "completed" and not i.complete)
-                     or (i.status == "failed" and i.failure_count < settings.max_failures))
-            if needs:
-                doc = SourceDocument(source_id=sid, title=i.title or sid, uri=i.uri or "", mime_type=i.mime_type,
-                                     metadata=i.metadata or {}, source_version=None)
+            if i.needs_work(settings.max_failures):
+                doc = document_from_index(i)
                 why = "repair" if i.status == "completed" else "retry"
                 if why == "retry" and plan_document(doc.replace(content_sha256=i.seen_sha256), i, settings) != "retry":
                     continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -10,6 +10,10 @@ from typing import Any
 import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
+
+from rag_pipeline.embedding.base import Embedder
+from rag_pipeline.sources.base import SourceDocument
+from rag_pipeline.store.write import text_sha256
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,12 @@ class IndexedDocument:
         """Stored rows equal the expectation (and there is at least one)."""
         return self.expected_chunk_count is not None and self.stored_chunks == self.expected_chunk_count > 0
 
+    def needs_work(self, max_failures: int) -> bool:
+        """Whether the index alone says this document needs another attempt, whatever a change feed
+        reports: interrupted (``pending``), ``completed`` with rows missing, or ``failed`` within the limit."""
+        return (self.status == "pending" or (self.status == "completed" and not self.complete)
+                or (self.status == "failed" and self.failure_count < max_failures))
+
 
 def load_index_state(conn: psycopg.Connection, source: str) -> dict[str, IndexedDocument]:
     """Every top-level document of ``source`` (tombstones included), keyed by ``source_id``."""
@@ -57,6 +67,15 @@ def load_index_state(conn: psycopg.Connection, source: str) -> dict[str, Indexed
         (source,),
     ).fetchall()
     return {r[1]: IndexedDocument(*r) for r in rows}
+
+
+def document_from_index(i: IndexedDocument) -> SourceDocument:
+    """The best ``SourceDocument`` the index alone can give for ``i`` (when no listing names it: a change
+    feed's retry or repair, a partition materialized from the UI): stable id, title, uri, MIME type,
+    modification time, source version, metadata."""
+    return SourceDocument(source_id=i.source_id, title=i.title or i.source_id, uri=i.uri or "",
+                          mime_type=i.mime_type, modified_at=i.modified_at,
+                          source_version=i.seen_source_version or i.source_version, metadata=dict(i.metadata or {}))
 
 
 def get_cursor(conn: psycopg.Connection, source: str) -> str | None:
@@ -91,6 +110,25 @@ def cached_embeddings(conn: psycopg.Connection, model: str, sha256s: Sequence[st
     # pgvector's loader returns ``pgvector.Vector`` objects, which numpy cannot convert directly.
     return {sha: np.asarray(vec.to_numpy() if hasattr(vec, "to_numpy") else vec, dtype=np.float32)
             for sha, vec in rows}
+
+
+def vectors_for_texts(conn: psycopg.Connection, embedder: Embedder, texts: Sequence[str], *,
+                      before_embed: Callable[[int], None] | None = None) -> tuple[dict[str, np.ndarray], list[str]]:
+    """A vector for every distinct text of ``texts``: from the embedding cache (chunks stored under
+    ``embedder.model_id`` with the same text SHA-256) where possible, else embedded in one call.
+
+    Returns ``({text: float32 vector}, texts embedded now)``; ``before_embed(n)`` is called before the
+    embedder with the number of texts it gets. Raises the embedder's ``EmbeddingError``.
+    """
+    hashes = {t: text_sha256(t) for t in texts}
+    cached = cached_embeddings(conn, embedder.model_id, list(hashes.values()))
+    vectors = {t: cached[h] for t, h in hashes.items() if h in cached}
+    missing = [t for t in hashes if t not in vectors]
+    if missing:
+        if before_embed is not None:
+            before_embed(len(missing))
+        vectors.update(zip(missing, embedder.embed(missing), strict=True))
+    return vectors, missing
 
 
 @dataclass(frozen=True)

@@ -59,14 +59,6 @@ def document_from_json(data: Mapping[str, Any]) -> SourceDocument:
     )
 
 
-def document_from_index(i: IndexedDocument) -> SourceDocument:
-    """The best ``SourceDocument`` the index alone can give for ``i`` (used when no listing came with the
-    request, e.g. a partition materialized from the UI): stable id, title, uri, MIME type, metadata."""
-    return SourceDocument(source_id=i.source_id, title=i.title or i.source_id, uri=i.uri or "",
-                          mime_type=i.mime_type, modified_at=i.modified_at,
-                          source_version=i.seen_source_version or i.source_version, metadata=dict(i.metadata or {}))
-
-
 def find_document(conn: psycopg.Connection, source: str, source_id: str) -> IndexedDocument | None:
     """The top-level ``documents`` row of (``source``, ``source_id``) with its stored chunk count for the
     current version, or ``None``."""

@@ -26,6 +26,7 @@ from rag_pipeline.ingest import StepOutcome
 from rag_pipeline.sources.base import SourceDocument
 from rag_pipeline.store import checks as check_sql
 from rag_pipeline.store import staging
+from rag_pipeline.store.index import document_from_index
 
 RETRY_POLICY = dg.RetryPolicy(max_retries=2, delay=1.0, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 """Transient errors inside a run: retried after ~1 s and ~2 s (+-jitter); then the run fails and
@@ -94,7 +95,7 @@ def _listed_or_indexed(conn, source_name: str, sid: str, listing: SourceDocument
     if listing is not None and listing.source_id == sid:
         return listing
     i = staging.find_document(conn, source_name, sid)
-    return staging.document_from_index(i) if i else None
+    return document_from_index(i) if i else None
 
 
 def _by_source(keys: list[str]) -> dict[str, list[tuple[str, str]]]:
