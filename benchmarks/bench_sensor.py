@@ -35,11 +35,11 @@ from rag_pipeline.defs.documents.jobs import ingest_job  # noqa: E402
 from rag_pipeline.defs.documents.partitions import document_partition_key, documents  # noqa: E402
 from rag_pipeline.defs.sources.config import spec_from_dict  # noqa: E402
 from rag_pipeline.defs.sources.sensors import source_diff_tick  # noqa: E402
-from rag_pipeline.reconcile import diff_documents  # noqa: E402
+from rag_pipeline.pipeline.plan import diff_documents  # noqa: E402
 from rag_pipeline.sources.base import ChangeFeedUnavailable, Inventory, SourceDocument  # noqa: E402
 from rag_pipeline.store import Store, migrate  # noqa: E402
 from rag_pipeline.store.embedded import start_embedded  # noqa: E402
-from rag_pipeline.store.staging import load_diff_state  # noqa: E402
+from rag_pipeline.store.index import load_index_state  # noqa: E402
 
 MODIFIED = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -134,7 +134,7 @@ def run_size(pg_url: str, n: int, repeat: int) -> dict[str, float]:
         out["tick_unchanged_s"], result = best(lambda: tick(instance), repeat)
         assert not result.run_requests and not result.dynamic_partitions_requests, result
         with store.connection() as conn:
-            out["load_diff_state_s"], state = best(lambda: load_diff_state(conn, source.name), repeat)
+            out["load_diff_state_s"], state = best(lambda: load_index_state(conn, source.name, count_rows=False), repeat)
         out["pure_diff_s"], diff = best(lambda: diff_documents(source.name, source.documents, state, settings), repeat)
         assert diff.unchanged == n
         out["partition_keys_s"], _ = best(lambda: [document_partition_key("bench", d.source_id)

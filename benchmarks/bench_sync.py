@@ -48,7 +48,7 @@ def main() -> None:
     from rag_pipeline.sources.local import LocalFolderSource
     from rag_pipeline.store import Store
     from rag_pipeline.store.embedded import start_embedded
-    from rag_pipeline.sync import sync_source
+    from rag_pipeline.pipeline.sync import sync_source
 
     work = Path(tempfile.mkdtemp(prefix="rag-bench-"))
     url = start_embedded(work / "pg")

@@ -40,9 +40,15 @@ class Settings(BaseSettings):
     """Per document type, days after ``modified_at`` when a document counts as expired and queries skip
     it, e.g. ``RAG_EXPIRY_DAYS='{"html": 30, "*": 365}'`` (``*`` = any other type). Empty = never."""
 
-    retry_backoff_s: float = 0.0
+    retry_backoff_s: float = 3600.0
     """A ``failed`` document is retried on a later sync once ``retry_backoff_s * 2**(failure_count-1)``
-    seconds have passed since its last attempt (0 = on the next sync)."""
+    seconds have passed since its last attempt: with the default (1 h) and ``max_failures`` 3 the attempts
+    come at 0 h, 1 h and 3 h, so a service outage of minutes (a 403/429 storm, a NAS blip) does not use up a
+    document's budget. 0 = retry on the next sync or sensor tick."""
+
+    local_verify_interval_s: float = 7 * 24 * 3600.0
+    """Local folders list with stat calls only (size + mtime decide what to re-read); a full listing that
+    hashes every file runs when the last one is older than this many seconds (default 7 days; 0 = never)."""
 
     sync_batch_documents: int = 16
     """Documents extracted before one embedding call (chunks are embedded across documents)."""

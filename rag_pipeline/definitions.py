@@ -2,8 +2,8 @@
 
 ``defs`` is loaded lazily (``@dg.definitions``): the configured sources are read from the environment
 when Dagster loads the code location, never at import (``defs/sources/config.py``). With no source
-configured the location still loads: per-document assets, index checks, the failure sensor and
-``sync_job``. Tests call ``build_definitions(specs)`` directly.
+configured the location still loads: per-document assets, index checks, the failure sensor, the retry
+job and the dead-letter report. Tests call ``build_definitions(specs)`` directly.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from rag_pipeline.defs.documents.assets import document_chunks, document_embeddi
 from rag_pipeline.defs.documents.checks import INDEX_CHECKS
 from rag_pipeline.defs.documents.jobs import index_checks_job, index_checks_schedule, ingest_job
 from rag_pipeline.defs.documents.sensors import document_failure_sensor
-from rag_pipeline.defs.ingestion.jobs import sync_job
 from rag_pipeline.defs.ingestion.resources import (
     EmbedderResource,
     NotifierResource,
     SettingsResource,
-    SourceResource,
     SourcesResource,
     StoreResource,
 )
+from rag_pipeline.defs.operations.assets import dead_letter_report
+from rag_pipeline.defs.operations.jobs import dead_letter_job, dead_letter_schedule, retry_failed_documents
 from rag_pipeline.defs.sources.assets import build_source_assets
 from rag_pipeline.defs.sources.config import SourceSpec, load_source_specs
 from rag_pipeline.defs.sources.jobs import build_inventory_job, build_reconcile_job, build_reconcile_schedule
@@ -37,10 +37,10 @@ def build_definitions(specs: Sequence[SourceSpec] = (), *, resources: Mapping[st
     """All definitions for ``specs``: shared per-document assets and checks, then per source its inventory
     and purge assets, inventory and reconcile jobs, diff sensor and daily schedule. ``resources`` override
     the defaults (tests point ``rag_settings``/``store`` at their database, ``notifier`` at a fake server)."""
-    assets: list[Any] = [document_markdown, document_chunks, document_embeddings]
-    jobs: list[Any] = [sync_job, ingest_job, index_checks_job]
+    assets: list[Any] = [document_markdown, document_chunks, document_embeddings, dead_letter_report]
+    jobs: list[Any] = [ingest_job, index_checks_job, retry_failed_documents, dead_letter_job]
     sensors: list[Any] = [document_failure_sensor]
-    schedules: list[Any] = [index_checks_schedule]
+    schedules: list[Any] = [index_checks_schedule, dead_letter_schedule]
     for spec in specs:
         assets.extend(build_source_assets(spec))
         inventory_job = build_inventory_job(spec)
@@ -54,9 +54,6 @@ def build_definitions(specs: Sequence[SourceSpec] = (), *, resources: Mapping[st
         "store": StoreResource(),
         "notifier": NotifierResource(),
         "sources": SourcesResource(sources_json=json.dumps({s.name: s.source.model_dump() for s in specs})),
-        # sync_job's single source: the first configured one, else RAG_SOURCE_KIND/RAG_SOURCE_PATH at launch.
-        "source": specs[0].source if specs else SourceResource(kind=dg.EnvVar("RAG_SOURCE_KIND"),
-                                                               path=dg.EnvVar("RAG_SOURCE_PATH")),
     }
     return dg.Definitions(assets=assets, asset_checks=INDEX_CHECKS, jobs=jobs, sensors=sensors, schedules=schedules,
                           resources={**default_resources, **(resources or {})}, executor=dg.in_process_executor)

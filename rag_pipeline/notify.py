@@ -1,7 +1,8 @@
 """Alerts to people: Slack and Microsoft Teams incoming webhooks and a generic JSON webhook.
 
-Every class implements ``rag_pipeline.sync.Notifier`` (``notify(event, message, details)``); events are
-``permanently_failed`` (a document was given up on) and ``deletion_guard`` (deletions were refused).
+Every class implements ``rag_pipeline.pipeline.steps.Notifier`` (``notify(event, message, details)``); events are
+``permanently_failed`` (a document was given up on), ``deletion_guard`` (deletions were refused) and
+``dead_letter`` (the daily report of failed documents).
 ``notify`` never raises: a webhook that is down must not fail a sync whose data is fine. It retries
 transient HTTP failures (connection errors, timeouts, 429, 5xx), logs what it could not deliver at ERROR
 and counts deliveries in ``sent``/``failed``. ``send`` is the raising variant.

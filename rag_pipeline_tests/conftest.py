@@ -82,8 +82,10 @@ def database_url(pg_server, template_db) -> str:
 
 @pytest.fixture
 def settings(database_url) -> Settings:
-    """Settings pointing at this test's database (defaults otherwise)."""
-    return Settings(database_url=database_url)
+    """Settings pointing at this test's database, retrying a failed document on the next sync
+    (``retry_backoff_s=0``; the default backoff of an hour is pinned in ``test_config.py`` and exercised by
+    the tests that set it explicitly); every other setting at its default."""
+    return Settings(database_url=database_url, retry_backoff_s=0)
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
-"""The `rag-pipeline` command as a user runs it: a real process, the per-document report, exit codes."""
+"""The `rag-pipeline` command as a user runs it: a real process, the report, exit codes, and the operator's
+commands (status, status --failed, retry, sources retire, the guard's override)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +15,13 @@ def _cli(*args: str, database_url: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def _sql(database_url: str, query: str, *params):
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(query, params).fetchall()
+
+
 def test_sync_query_status_and_exit_codes(tmp_path, database_url):
     folder = tmp_path / "notes"
     folder.mkdir()
@@ -21,24 +30,25 @@ def test_sync_query_status_and_exit_codes(tmp_path, database_url):
     (folder / "empty.txt").write_bytes(b"")
 
     first = _cli("sync", str(folder), database_url=database_url)
-    assert first.returncode == 1, first.stdout + first.stderr  # one document did not end well
+    assert first.returncode == 0, first.stdout + first.stderr  # an empty file is skipped, not a failure
     out = first.stdout
     assert "bees.md" in out and "tides.txt" in out and "empty.txt" in out
-    assert "permanently_failed" in out and "empty" in out
-    assert "2 added" in out
+    assert "skipped" in out and "empty" in out and "permanently_failed" not in out
+    assert "2 added" in out and "1 skipped" in out and "3 listed" in out
 
-    # nothing changed: the permanently failed file is left alone, and this run had no failure
+    # nothing changed: one summary line, no per-document rows
     again = _cli("sync", str(folder), database_url=database_url)
     assert again.returncode == 0, again.stdout
-    assert "3 skipped-unchanged" in again.stdout and "0 chunk texts embedded" in again.stdout
+    assert "3 listed; 3 unchanged; 0 chunk texts embedded" in again.stdout
+    assert "bees.md" not in again.stdout
 
     answer = _cli("query", "why do bees dance?", "-k", "1", database_url=database_url)
     assert answer.returncode == 0, answer.stderr
     assert "bees.md" in answer.stdout and "waggle dance" in answer.stdout
 
     status = _cli("status", database_url=database_url)
-    assert status.returncode == 1  # a document is permanently_failed
-    assert "completed" in status.stdout and "empty.txt" in status.stdout
+    assert status.returncode == 0, status.stdout  # skipped documents are listed, not counted as failures
+    assert "completed" in status.stdout and "1 document skipped" in status.stdout and "empty.txt (empty)" in status.stdout
 
     audit = _cli("psql", "-A", "-t", "-c", "SELECT count(*) FROM documents WHERE status = 'completed'",
                  database_url=database_url)
@@ -46,13 +56,79 @@ def test_sync_query_status_and_exit_codes(tmp_path, database_url):
 
     (folder / "empty.txt").unlink()
     second = _cli("sync", str(folder), database_url=database_url)
-    # 1 of 3 documents gone is 33%, over the 20% guard: nothing deleted, exit code 2, the reason printed
+    # 1 of 3 documents gone is 33%, over the 20% guard: nothing deleted, exit code 2, the reason printed once
     assert second.returncode == 2, second.stdout
-    assert "deletion guard" in second.stdout and "would delete 1 of 3" in second.stdout
+    assert second.stdout.count("would delete 1 of 3") == 1 and "--confirm-delete 1" in second.stdout
     assert "kept (gone from the listing): empty.txt" in second.stdout
-    third = _cli("sync", str(folder), "--allow-mass-delete", database_url=database_url)
+    held = _cli("status", database_url=database_url)
+    assert held.returncode == 2 and "deletion guard holding since" in held.stdout and "kept: empty.txt" in held.stdout
+    wrong = _cli("sync", str(folder), "--confirm-delete", "2", database_url=database_url)
+    assert wrong.returncode == 2 and "nothing deleted" in wrong.stdout  # the stated count must match
+    third = _cli("sync", str(folder), "--confirm-delete", "1", database_url=database_url)
     assert third.returncode == 0, third.stdout
     assert "1 deleted" in third.stdout
+    assert _cli("status", database_url=database_url).returncode == 0  # the hold is over
+
+
+def test_progress_lines_when_not_a_terminal(tmp_path, database_url):
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"n{i}.txt").write_text(f"Note number {i} is about the colour of lighthouse number {i}.\n")
+    run = _cli("sync", str(folder), "--progress-every", "2", database_url=database_url)
+    assert run.returncode == 0, run.stdout
+    assert "listed 5: 5 to process, 0 to delete" in run.stdout
+    assert [line for line in run.stdout.splitlines() if line.startswith("… ")] == [
+        "… 2 documents processed", "… 4 documents processed"]
+
+
+def test_failed_documents_dead_letters_and_retry(tmp_path, database_url, shared_dir):
+    """A permanently failed document reads truthfully (failure count 1 on its first, terminal attempt), is in
+    `status --failed`, and `retry` re-queues it with a logged reason; the next sync tries it again."""
+    folder = tmp_path / "papers"
+    folder.mkdir()
+    shutil.copy(shared_dir / "corpus" / "password.pdf", folder / "locked.pdf")
+    (folder / "ok.md").write_text("# Fine\n\nThis document has text that can be indexed without trouble.\n")
+    first = _cli("sync", str(folder), database_url=database_url)
+    assert first.returncode == 1, first.stdout  # one document failed in this run
+    assert _sql(database_url, "SELECT status, failure_count, last_error FROM documents WHERE source_id = 'locked.pdf'") \
+        == [("permanently_failed", 1, "password protected")]
+
+    failed = _cli("status", "--failed", database_url=database_url)
+    assert failed.returncode == 1
+    assert "dead letters" in failed.stdout and "locked.pdf" in failed.stdout and "password protected" in failed.stdout
+    assert "by reason: 1 × password protected" in failed.stdout
+
+    unknown = _cli("retry", "--source", str(folder), "nope.pdf", database_url=database_url)
+    assert unknown.returncode == 1 and "not found: nope.pdf" in unknown.stdout
+    retry = _cli("retry", "--source", str(folder), "--reason", "password removed", database_url=database_url)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    assert "queued locked.pdf" in retry.stdout and "1 document queued" in retry.stdout
+    assert _sql(database_url, "SELECT status, failure_count FROM documents WHERE source_id = 'locked.pdf'") \
+        == [("pending", 0)]
+    logged = _sql(database_url, "SELECT action, reason FROM ingest_log WHERE source_id = 'locked.pdf' ORDER BY id")
+    assert logged[-1][0] == "retry-requested" and logged[-1][1].startswith("password removed")
+
+    again = _cli("sync", str(folder), database_url=database_url)  # still locked: tried again, failed again
+    assert again.returncode == 1 and "password protected" in again.stdout
+    assert [a for a, _ in _sql(database_url, "SELECT action, status FROM ingest_log WHERE source_id = 'locked.pdf' "
+                                             "ORDER BY id")] == ["failed", "retry-requested", "failed"]
+
+
+def test_a_retired_source_is_removed_deliberately(tmp_path, database_url):
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "a.md").write_text("# Archive\n\nThe archive of the old project lives here until it is retired.\n")
+    assert _cli("sync", str(folder), database_url=database_url).returncode == 0
+    (folder / "a.md").unlink()
+    emptied = _cli("sync", str(folder), database_url=database_url)
+    assert emptied.returncode == 2 and "empty listing" in emptied.stdout  # the guard holds
+    dry = _cli("sources", "retire", str(folder), database_url=database_url)
+    assert dry.returncode == 1 and "would delete 1 document" in dry.stdout
+    done = _cli("sources", "retire", str(folder), "--yes", database_url=database_url)
+    assert done.returncode == 0 and "1 document deleted" in done.stdout
+    assert _sql(database_url, "SELECT status FROM documents") == [("deleted",)]
+    assert _sql(database_url, "SELECT count(*) FROM chunks") == [(0,)]
 
 
 def test_a_sync_that_cannot_start_says_why_with_exit_code_4(tmp_path, database_url):
@@ -61,3 +137,10 @@ def test_a_sync_that_cannot_start_says_why_with_exit_code_4(tmp_path, database_u
     unknown = _cli("sync", "--source", "dropbox", database_url=database_url)
     assert unknown.returncode == 4 and "unknown source kind 'dropbox'" in unknown.stdout
     assert "Traceback" not in missing.stdout + missing.stderr + unknown.stdout + unknown.stderr
+
+
+def test_the_cli_does_not_import_dagster():
+    probe = subprocess.run([sys.executable, "-c", "import sys, rag_pipeline.cli, rag_pipeline.pipeline.sync, "
+                            "rag_pipeline.pipeline.operate; print('dagster' in sys.modules)"],
+                           capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "False", probe.stderr

@@ -20,7 +20,7 @@ from rag_pipeline import faults
 from rag_pipeline.retrieval import query
 from rag_pipeline.sources.local import LocalFolderSource
 from rag_pipeline.store.invariants import check_against_listing, check_index
-from rag_pipeline.sync import EXIT_LOCKED, EXIT_OK, sync_source
+from rag_pipeline.pipeline.sync import EXIT_LOCKED, EXIT_OK, sync_source
 from rag_pipeline_tests.invariant_fakes import CountingEmbedder, document, marker, paragraph, sha256
 
 
@@ -207,3 +207,87 @@ def test_many_syncs_at_once_write_each_version_once(runs, tmp_path, settings, st
         assert check_index(conn) == []
         assert check_against_listing(conn, src.name, _listing(root), converged=True) == []
         assert conn.execute("SELECT count(DISTINCT text) FROM chunks").fetchone()[0] == len(texts)
+
+
+# -- a Dagster partition run and a whole-source sync (issue 10, part 3) -----------------------------
+
+def _write_actions(store, source: str) -> dict[str, list[str]]:
+    """Per document, the ingest_log actions that swapped in a version (added/updated/repaired/re-embedded)."""
+    with store.connection() as conn:
+        rows = conn.execute(
+            "SELECT source_id, action FROM ingest_log WHERE source = %s AND action IN "
+            "('added', 'updated', 'repaired', 're-embedded') ORDER BY id", (source,)).fetchall()
+    out: dict[str, list[str]] = {}
+    for sid, action in rows:
+        out.setdefault(sid, []).append(action)
+    return out
+
+
+def test_reconcile_waits_for_a_partition_run_and_does_not_redo_its_document(tmp_path, settings, store, embedder):
+    """A partition run (``pipeline.staged``, what the Dagster assets call) holds the source lock shared and the
+    document's lock; a whole-source sync started meanwhile waits (seen in ``pg_locks``), then finds the
+    document written and does not write it again."""
+    from rag_pipeline.pipeline.staged import stage_chunks, stage_markdown, write_embeddings
+    from rag_pipeline.pipeline.steps import RunContext
+
+    root = tmp_path / "docs"
+    _folder(root, 4, 11)
+    src = LocalFolderSource(root)
+    doc = next(d for d in src.list_documents().documents if d.source_id == "c0.md")
+    held, go = threading.Event(), threading.Event()
+
+    def partition_run() -> str:
+        with store.connection() as conn:
+            ctx = RunContext(conn, src.name, settings, "dagster:test-run")
+            stage_markdown(ctx, src, doc)
+            stage_chunks(ctx, doc.source_id, embedder)
+            # the embeddings step: hold its locks until the sync is seen waiting, then write
+            from rag_pipeline.pipeline import locks
+            with locks.document_step(conn, src.name, [doc.source_id]):
+                held.set()
+                assert go.wait(120)
+                out = write_embeddings(ctx, [doc.source_id], embedder)
+            return out[doc.source_id].action.value
+
+    with ThreadPoolExecutor(2) as pool:
+        run = pool.submit(partition_run)
+        assert held.wait(120)
+        sync = pool.submit(sync_source, src, store, embedder, settings)
+        _wait_until(lambda: _advisory_waiters(store) >= 1, "the sync to wait for the partition run's lock")
+        assert not sync.done()
+        go.set()
+        action, report = run.result(timeout=120), sync.result(timeout=300)
+    assert action == "added" and report.lock == "waited" and report.exit_code == EXIT_OK
+    assert {d.source_id: d.action.value for d in report.documents}["c0.md"] == "skipped-unchanged"
+    assert _write_actions(store, src.name) == {f"c{i}.md": ["added"] for i in range(4)}  # each written once
+    with store.connection() as conn:
+        assert check_index(conn) == [] and check_against_listing(conn, src.name, _listing(root), converged=True) == []
+
+
+def test_partition_run_waits_for_a_running_sync(tmp_path, settings, store, embedder):
+    """The other way round: while a whole-source sync holds the source lock, a partition run of one of its
+    documents waits for it, then finds the document written (nothing extracted or written twice)."""
+    from rag_pipeline.pipeline.staged import stage_markdown
+    from rag_pipeline.pipeline.steps import RunContext
+
+    root = tmp_path / "docs"
+    _folder(root, 3, 12)
+    src = LocalFolderSource(root)
+    doc = next(d for d in src.list_documents().documents if d.source_id == "c1.md")
+    gate = Gate()
+
+    def partition_markdown():
+        with store.connection() as conn:
+            return stage_markdown(RunContext(conn, src.name, settings, "dagster:test-run-2"), src, doc)
+
+    with ThreadPoolExecutor(2) as pool:
+        sync = pool.submit(sync_source, src, store, embedder, settings, progress=gate)
+        assert gate.entered.wait(60)
+        run = pool.submit(partition_markdown)
+        _wait_until(lambda: _advisory_waiters(store) >= 1, "the partition run to wait for the sync's lock")
+        assert not run.done()
+        gate.open()
+        report, step = sync.result(timeout=300), run.result(timeout=120)
+    assert report.exit_code == EXIT_OK and report.lock == "acquired"
+    assert step.action.value == "metadata-updated" and step.status == "completed"  # content already indexed
+    assert _write_actions(store, src.name) == {f"c{i}.md": ["added"] for i in range(3)}

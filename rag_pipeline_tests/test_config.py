@@ -12,7 +12,8 @@ def test_documented_defaults(monkeypatch):
         "", "all-MiniLM-L6-v2", "auto", 32)
     assert (s.chunk_size, s.chunk_overlap, s.max_failures, s.deletion_max_fraction) == (1000, 150, 3, 0.2)
     assert (s.extraction_timeout_s, s.extraction_memory_mb, s.ocr_languages) == (300.0, 4096, "eng+jpn")
-    assert (s.expiry_days, s.retry_backoff_s, s.sync_batch_documents) == ({}, 0.0, 16)
+    assert (s.expiry_days, s.retry_backoff_s, s.sync_batch_documents) == ({}, 3600.0, 16)
+    assert s.local_verify_interval_s == 7 * 24 * 3600.0
 
 
 def test_environment_overrides(monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rag_pipeline.retrieval import query
 from rag_pipeline.sources.local import LocalFolderSource
-from rag_pipeline.sync import sync_source
+from rag_pipeline.pipeline.sync import sync_source
 
 
 def test_sync_then_query_then_noop(tmp_path, settings, store, embedder):

@@ -63,11 +63,11 @@ def test_documents_materialize_with_metadata_and_checks(instance, tmp_path, data
     result = materialize_document(instance, resources, memo)
     md = metadata_of(result, "document_markdown")[memo]
     assert PER_DOCUMENT_KEYS <= set(md)
-    assert md["action"] == "staged" and md["pages"] == 1 and md["characters"] > 100
+    assert md["action"] == "extracted" and md["pages"] == 1 and md["characters"] > 100
     assert md["characters_per_page"] == md["characters"] and "20,000 bottles of water" in md["preview"]
     chunks_md = metadata_of(result, "document_chunks")[memo]
     written = metadata_of(result, "document_embeddings")[memo]
-    assert written["action"] == "written" and written["model"] == "all-MiniLM-L6-v2"
+    assert written["action"] == "added" and written["model"] == "all-MiniLM-L6-v2"
     assert written["chunks"] == chunks_md["chunks"] >= 1 and written["version"] == 1 and written["skip_reason"] == ""
     check = check_results(result, "chunk_count_complete")[memo]
     assert check.passed and check.metadata["stored"].value == check.metadata["expected"].value == written["chunks"]
@@ -80,21 +80,19 @@ def test_documents_materialize_with_metadata_and_checks(instance, tmp_path, data
     assert check_results(again, "chunk_count_complete")[memo].passed
     assert _row(store, "fake-memo.pdf")[:2] == ("completed", 1)
 
-    # a deterministic content error: permanently_failed at once, the run itself succeeds, one alert
-    failed = materialize_document(instance, resources, empty)
-    assert metadata_of(failed, "document_markdown")[empty]["skip_reason"] == "empty"
-    assert metadata_of(failed, "document_embeddings")[empty]["skip_reason"] == "nothing staged (status permanently_failed)"
-    assert check_results(failed, "chunk_count_complete")[empty].passed  # nothing indexed, nothing expected
-    assert _row(store, "empty.txt")[0] == "permanently_failed"
-    (alert,) = [json.loads(req.get_data()) for req, _ in httpserver.log]
-    assert alert["event"] == "permanently_failed" and alert["details"]["documents"][0]["source_id"] == "empty.txt"
+    # nothing to index: skipped at once (not a failure), the run itself succeeds, no alert
+    skipped = materialize_document(instance, resources, empty)
+    assert metadata_of(skipped, "document_markdown")[empty]["skip_reason"] == "empty"
+    assert metadata_of(skipped, "document_markdown")[empty]["action"] == "skipped"
+    assert metadata_of(skipped, "document_embeddings")[empty]["skip_reason"] == "nothing staged: no new content"
+    assert check_results(skipped, "chunk_count_complete")[empty].passed  # nothing indexed, nothing expected
+    assert _row(store, "empty.txt")[0] == "skipped"
+    assert httpserver.log == []
 
-    # the index-wide checks: no mixed versions, the permanently failed document listed (WARN), one model
+    # the index-wide checks: no mixed versions, nothing permanently failed (skipped is not), one model
     evals = run_index_checks(resources, instance)
     assert evals["index_versions_unique"].passed
-    assert not evals["no_permanently_failed_documents"].passed
-    assert evals["no_permanently_failed_documents"].severity == dg.AssetCheckSeverity.WARN
-    assert "| empty.txt | empty |" in evals["no_permanently_failed_documents"].metadata["documents"].value
+    assert evals["no_permanently_failed_documents"].passed
     assert evals["embedding_model_consistent"].passed
     assert materialize_document(instance, resources, bees).success
 
@@ -109,6 +107,7 @@ def test_reembed_backfill_runs_in_batches_without_extraction(instance, tmp_path,
         before = conn.execute("SELECT document_id, ordinal, text FROM chunks ORDER BY 1, 2").fetchall()
         # the index was built by another model (same dimension): the warning check counts what is left
         conn.execute("UPDATE chunks SET embedding_model = 'old-model' WHERE text LIKE '%%bees%%' OR text LIKE '%%Tides%%'")
+        conn.execute("UPDATE documents SET embedding_model = 'old-model' WHERE source_id IN ('bees.md', 'tides.txt')")
     consistent = run_index_checks(resources, instance)["embedding_model_consistent"]
     assert not consistent.passed and consistent.severity == dg.AssetCheckSeverity.WARN
     assert consistent.metadata["other_model_chunks"].value == 2
@@ -120,7 +119,7 @@ def test_reembed_backfill_runs_in_batches_without_extraction(instance, tmp_path,
     batch = materialize_batch(instance, resources, keys, assets=[document_embeddings])
     assert batch.success
     actions = {k: m["action"] for k, m in metadata_of(batch, "document_embeddings").items()}
-    assert actions == {keys[0]: "re-embedded", keys[1]: "re-embedded", keys[2]: "skipped"}
+    assert actions == {keys[0]: "re-embedded", keys[1]: "re-embedded", keys[2]: "skipped-unchanged"}
     per_partition = check_results(batch, "chunk_count_complete")
     assert {k for k in per_partition if k} == set(keys) and all(e.passed for e in per_partition.values())
     with store.connection() as conn:
@@ -162,7 +161,8 @@ def test_inventory_guard_and_purge(instance, tmp_path, database_url, store, http
     assert not tripped.success  # a blocking check failed: the run fails, the purge never starts
     (guard,) = tripped.get_asset_check_evaluations()
     assert not guard.passed
-    assert guard.description == "would delete 2 of 4 documents (50%), more than the allowed 20%: nothing deleted"
+    assert guard.description == ("would delete 2 of 4 documents (50%), more than the allowed 20%: nothing deleted "
+                                 "(if that is right: --confirm-delete 2)")
     assert (guard.metadata["to_delete"].value, guard.metadata["indexed"].value) == (2, 4)
     assert not tripped.asset_materializations_for_node("docs__purge_deleted_documents")
     assert _row(store, "bees.md")[0] == "completed"
@@ -190,7 +190,7 @@ def test_failure_count_spans_runs_and_becomes_permanent(instance, tmp_path, data
     folder = write_folder(tmp_path / "docs", ["bees.md"])
     spec = spec_for(folder)
     resources = resources_for(database_url, [spec], webhook_url=httpserver.url_for("/hook"))
-    (doc,) = LocalFolderSource(folder).list_documents().documents
+    (doc,) = LocalFolderSource(folder).list_documents(verify=True).documents  # as a hashing source lists it
     (key,) = keys_for(spec, ["bees.md"])
     listing = {"ops": {"document_markdown": {"config": {"listing": json.dumps(
         {"source_id": doc.source_id, "title": doc.title, "uri": doc.uri, "content_sha256": doc.content_sha256})}}}}
@@ -214,13 +214,13 @@ def test_failure_count_spans_runs_and_becomes_permanent(instance, tmp_path, data
             doc.content_sha256
     (alert,) = [json.loads(req.get_data()) for req, _ in httpserver.log]
     assert alert["event"] == "permanently_failed" and alert["details"]["documents"][0]["source_id"] == "bees.md"
-    assert "after 3 failed attempts" in alert["message"]
+    assert "became permanently_failed" in alert["message"] and alert["details"]["max_failures"] == 3
 
     # the same content again stays given up on; new content is tried again and success resets the count
     (folder / "elsewhere.bin").rename(folder / "bees.md")
     same = materialize_document(instance, resources, key, run_config=listing)
-    assert metadata_of(same, "document_markdown")[key]["skip_reason"].startswith(
-        "permanently failed and content unchanged: cannot read bees.md")
+    assert metadata_of(same, "document_markdown")[key]["action"] == "skipped-unchanged"
+    assert metadata_of(same, "document_markdown")[key]["skip_reason"].startswith("cannot read bees.md")
     (folder / "bees.md").write_text("# Bees\n\nBees see ultraviolet light that people cannot.\n")
     assert materialize_document(instance, resources, key).success
     assert _row(store, "bees.md")[:3] == ("completed", 1, 0)

@@ -10,11 +10,15 @@ import pytest
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.documents.partitions import documents
 from rag_pipeline.defs.sources.jobs import build_reconcile_job
-from rag_pipeline.reconcile import PlannedDocument, diff_documents, take_inventory
+from rag_pipeline.pipeline.inventory import take_inventory
+from rag_pipeline.pipeline.plan import Decision, PlannedDocument, diff_documents
+from rag_pipeline.pipeline.staged import purge_deletions
+from rag_pipeline.pipeline.steps import RunContext
 from rag_pipeline.sources.base import SourceDocument
 from rag_pipeline.sources.local import LocalFolderSource
 from rag_pipeline.store import checks as check_sql
 from rag_pipeline.store import staging
+from rag_pipeline.store import write as w
 from rag_pipeline.store.index import IndexedDocument
 from rag_pipeline_tests.test_dagster_helpers import (  # noqa: F401  (fixtures)
     folder,
@@ -45,10 +49,10 @@ def test_diff_plans_and_judges_the_guard():
     state["gone-before"] = _indexed("gone-before", status="deleted")
     listing = [_doc("a"), _doc("b", "b" * 64), _doc("c"), _doc("d"), _doc("new")]
     diff = diff_documents("s", listing, state, Settings())
-    assert {p.doc.source_id: p.decision for p in diff.work} == {"b": "change", "new": "add"}
+    assert {p.doc.source_id: p.decision for p in diff.work} == {"b": Decision.CHANGE, "new": Decision.ADD}
     assert [i.source_id for i in diff.vanished] == ["e"]  # a tombstone does not vanish twice
-    assert diff.summary() == {"added": 1, "changed": 1, "deleted": 1, "unchanged": 3, "retry": 0, "repair": 0,
-                              "pending": 0, "check": 0, "skip": 0}
+    assert diff.summary() == {"added": 1, "changed": 1, "deleted": 1, "unchanged": 3, "retry": 0, "backoff": 0,
+                              "repair": 0, "pending": 0, "check": 0, "reembed": 0, "skip": 0}
     assert diff.guard.passed  # 1 of 5 = 20%
     # a change feed names its deletions; nothing else vanishes
     feed = diff_documents("s", [_doc("a")], state, Settings(), full_listing=False, deleted_ids=["c", "zz"])
@@ -56,7 +60,7 @@ def test_diff_plans_and_judges_the_guard():
     # the feed does not mention failed documents: the index does (index_retries)
     state["f"] = _indexed("f", status="failed", failures=1, updated=NOW - timedelta(hours=1))
     retried = diff_documents("s", [], state, Settings(), full_listing=False, index_retries=True)
-    assert [(p.doc.source_id, p.decision) for p in retried.work] == [("f", "retry")]
+    assert [(p.doc.source_id, p.decision) for p in retried.work] == [("f", Decision.RETRY)]
 
 
 @pytest.mark.parametrize("change, differs", [
@@ -68,15 +72,17 @@ def test_diff_plans_and_judges_the_guard():
     ({"indexed": _indexed("x", status="deleted")}, True),  # a tombstone revived with the same content
 ])
 def test_attempt_token(change, differs):
-    base = PlannedDocument(_doc("x"), "change", _indexed("x"))
-    other = PlannedDocument(change.get("doc", base.doc), "change", change.get("indexed", base.indexed))
+    base = PlannedDocument(_doc("x"), Decision.CHANGE, _indexed("x"))
+    other = PlannedDocument(change.get("doc", base.doc), Decision.CHANGE, change.get("indexed", base.indexed))
     assert (other.attempt_token != base.attempt_token) is differs
 
 
 def test_failed_attempts_count_once_per_key_and_new_content_restarts(store, folder):
     ids = index_folder(store, folder, names=["bees.md", "tides.txt"])
     with store.connection() as conn:
-        record = staging.record_attempt_failure
+        def record(conn, document_id, **kw):
+            return w.record_failure(conn, document_id, kind="transient", **kw)
+
         first = record(conn, ids["bees.md"], attempt_key="run-1", reason="timeout", max_failures=3)
         again = record(conn, ids["bees.md"], attempt_key="run-1", reason="timeout", max_failures=3)
         assert (first.status, first.failure_count, first.recorded) == ("failed", 1, True)
@@ -94,8 +100,8 @@ def test_failed_attempts_count_once_per_key_and_new_content_restarts(store, fold
         assert (after.status, after.recorded) == ("permanently_failed", False)
         # the previous complete version stays searchable throughout
         assert check_sql.chunk_counts(conn, [ids["bees.md"]])[ids["bees.md"]].stored == 1
-        log = conn.execute("SELECT count(*) FROM ingest_log WHERE action = 'failed'").fetchone()[0]
-        assert log == 5
+        ledger = conn.execute("SELECT attempt_key FROM document_failures ORDER BY attempt_key").fetchall()
+        assert [r[0] for r in ledger] == [f"run-{n}" for n in range(1, 7)]  # each attempt once
 
 
 def test_pending_deletions_are_guarded_and_go_stale(store, folder):
@@ -104,17 +110,22 @@ def test_pending_deletions_are_guarded_and_go_stale(store, folder):
     settings = Settings(database_url=store.url)
     (folder / "comets.md").unlink()
     with store.connection() as conn:
+        ctx = RunContext(conn, source.name, settings, "test:purge")
+
+        def purge():
+            return [(o.document_id, o.source_id) for o in purge_deletions(ctx)]
+
         diff = take_inventory(source, conn, settings)
         assert diff.guard.passed and staging.pending_deletions(conn, source.name) == [(ids["comets.md"], "comets.md")]
         # seen again after the inventory (e.g. restored and re-ingested): kept
         conn.execute("UPDATE documents SET last_seen_at = clock_timestamp() WHERE id = %s", (ids["comets.md"],))
-        assert staging.purge_pending_deletions(conn, source.name) == []
+        assert purge() == []
         take_inventory(source, conn, settings)
         # an old pending list is not applied: the listing behind it is stale
         conn.execute("UPDATE pending_deletions SET detected_at = detected_at - interval '2 hours'")
-        assert staging.purge_pending_deletions(conn, source.name) == []
+        assert purge() == []
         take_inventory(source, conn, settings)
-        assert staging.purge_pending_deletions(conn, source.name) == [(ids["comets.md"], "comets.md")]
+        assert purge() == [(ids["comets.md"], "comets.md")]
         assert check_sql.chunk_counts(conn, [ids["comets.md"]])[ids["comets.md"]].passed  # tombstone: no chunks
         # a failed guard empties the list: nothing can be purged afterwards
         for name in ("bees.md", "tides.txt"):

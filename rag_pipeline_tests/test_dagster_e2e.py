@@ -95,8 +95,7 @@ def test_webserver_daemon_sensor_runs_and_checks_over_graphql(tmp_path, database
     logs = [tmp_path / "webserver.log", tmp_path / "daemon.log"]
     processes: list[subprocess.Popen] = []
     try:
-        for command, log in ((["dagster-webserver", "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"], logs[0]),
-                             (["dagster-daemon", "run", "-w", "workspace.yaml"], logs[1])):
+        def start(command: list[str], log: Path) -> None:
             with log.open("wb") as out:
                 processes.append(subprocess.Popen([str(BIN / command[0]), *command[1:]], cwd=REPO, env=env,
                                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
@@ -107,7 +106,10 @@ def test_webserver_daemon_sensor_runs_and_checks_over_graphql(tmp_path, database
             except requests.RequestException:
                 return False
 
+        # the webserver first: it creates the SQLite storage, which two processes creating at once can race on
+        start(["dagster-webserver", "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"], logs[0])
         _wait("the webserver", server_up, 120, logs)
+        start(["dagster-daemon", "run", "-w", "workspace.yaml"], logs[1])
 
         def completed() -> int:
             with psycopg.connect(database_url) as conn:
@@ -144,7 +146,8 @@ def test_webserver_daemon_sensor_runs_and_checks_over_graphql(tmp_path, database
 
         tripped = _wait("the deletion guard to fail", guard_failed, 120, logs)
         assert tripped["evaluation"]["description"] == (
-            "would delete 1 of 3 documents (33%), more than the allowed 20%: nothing deleted")
+            "would delete 1 of 3 documents (33%), more than the allowed 20%: nothing deleted (if that is right: "
+            "--confirm-delete 1)")
         assert completed() == len(FILES)
     finally:
         for process in processes:

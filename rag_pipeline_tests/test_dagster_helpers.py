@@ -124,7 +124,7 @@ def index_folder(store, folder: Path, names=None, *, dimension: int = 384) -> di
     ids = {}
     rng = np.random.default_rng(0)
     with store.connection() as conn:
-        for doc in source.list_documents().documents:
+        for doc in source.list_documents(verify=True).documents:  # with hashes: what the swap records
             if names is not None and doc.source_id not in names:
                 continue
             text = (folder / doc.source_id).read_text()

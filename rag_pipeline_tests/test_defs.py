@@ -54,11 +54,11 @@ def test_defs_without_sources(monkeypatch):
     from rag_pipeline.definitions import defs
 
     assets, checks, sensors, schedules, jobs = _inventory(defs())
-    assert assets == {"document_markdown", "document_chunks", "document_embeddings"}
+    assert assets == {"document_markdown", "document_chunks", "document_embeddings", "dead_letter_report"}
     assert checks == DOCUMENT_CHECKS
     assert sensors == {"document_failure_sensor"}
-    assert schedules == {"index_checks_hourly"}
-    assert jobs == {"sync_job", "ingest_documents", "index_checks"}
+    assert schedules == {"index_checks_hourly", "dead_letter_report_daily"}
+    assert jobs == {"ingest_documents", "index_checks", "retry_failed_documents", "dead_letter_report_job"}
 
 
 def test_defs_per_source(tmp_path):
@@ -66,14 +66,15 @@ def test_defs_per_source(tmp_path):
         {"name": "docs", "kind": "local", "path": str(tmp_path), "interval_s": 5},
         {"name": "papers", "kind": "zotero", "library": "users/1"}])})
     assets, checks, sensors, schedules, jobs = _inventory(build_definitions(specs))
-    assert assets == {"document_markdown", "document_chunks", "document_embeddings",
+    assert assets == {"document_markdown", "document_chunks", "document_embeddings", "dead_letter_report",
                       "docs/source_inventory", "docs/purge_deleted_documents",
                       "papers/source_inventory", "papers/purge_deleted_documents"}
     assert checks == DOCUMENT_CHECKS | {"docs/source_inventory:deletion_guard", "papers/source_inventory:deletion_guard"}
     assert sensors == {"document_failure_sensor", "docs_source_diff_sensor", "papers_source_diff_sensor"}
-    assert schedules == {"index_checks_hourly", "docs_daily_reconciliation", "papers_daily_reconciliation"}
-    assert jobs == {"sync_job", "ingest_documents", "index_checks", "docs_inventory", "docs_reconcile",
-                    "papers_inventory", "papers_reconcile"}
+    assert schedules == {"index_checks_hourly", "dead_letter_report_daily", "docs_daily_reconciliation",
+                         "papers_daily_reconciliation"}
+    assert jobs == {"ingest_documents", "index_checks", "retry_failed_documents", "dead_letter_report_job",
+                    "docs_inventory", "docs_reconcile", "papers_inventory", "papers_reconcile"}
     repo = build_definitions(specs).get_repository_def()
     sensor = repo.get_sensor_def("docs_source_diff_sensor")
     assert sensor.minimum_interval_seconds == 5

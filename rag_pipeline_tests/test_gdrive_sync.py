@@ -12,7 +12,7 @@ import pytest
 from rag_pipeline.sources.gdrive import DOCX, PPTX, XLSX, GoogleDriveSource, RetryPolicy, load_credentials
 from rag_pipeline.store import Store
 from rag_pipeline.store import index as idx_store
-from rag_pipeline.sync import sync_source
+from rag_pipeline.pipeline.sync import sync_source
 
 from .fakes.gdrive_server import DOC, SHEET, SLIDES, corpus_bytes, drive_env
 

@@ -9,7 +9,7 @@ import pytest
 
 from rag_pipeline.retrieval import query
 from rag_pipeline.sources.local import LocalFolderSource
-from rag_pipeline.sync import sync_source
+from rag_pipeline.pipeline.sync import sync_source
 
 
 def test_expired_documents_are_excluded(tmp_path, settings, store, embedder):

@@ -9,7 +9,7 @@ import trustme
 
 from rag_pipeline.sources.sharepoint import RetryPolicy, SharePointSource
 from rag_pipeline.store import index as idx_store
-from rag_pipeline.sync import sync_source
+from rag_pipeline.pipeline.sync import sync_source
 
 from .fakes.gdrive_server import corpus_bytes
 from .fakes.graph_server import FakeGraph

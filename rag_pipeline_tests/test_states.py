@@ -21,7 +21,7 @@ from rag_pipeline.retrieval import query
 from rag_pipeline.sources.base import SourceError
 from rag_pipeline.sources.local import LocalFolderSource
 from rag_pipeline.store.invariants import check_index
-from rag_pipeline.sync import EXIT_DOCUMENT_FAILURES, EXIT_OK, sync_source
+from rag_pipeline.pipeline.sync import EXIT_DOCUMENT_FAILURES, EXIT_OK, sync_source
 from rag_pipeline_tests.invariant_fakes import (
     CountingEmbedder,
     MemorySource,
@@ -89,7 +89,9 @@ def test_transient_faults_fail_then_fail_then_permanently_fail(settings, store, 
         assert {r for _, _, r in ingest_actions(conn, src.name, "doc")[:3]} == {OUTAGE}
 
 
-def test_deterministic_error_is_permanent_at_once(tmp_path, settings, store, embedder, extract_calls):
+def test_empty_and_textless_documents_are_skipped_not_failed(tmp_path, settings, store, embedder, extract_calls):
+    """Nothing to index is the terminal ``skipped`` state: no failure counted, no alert, exit 0; left alone
+    while the content stays the same; indexed once it has text."""
     rng = random.Random(2)
     root = tmp_path / "docs"
     root.mkdir()
@@ -99,20 +101,21 @@ def test_deterministic_error_is_permanent_at_once(tmp_path, settings, store, emb
     src = LocalFolderSource(root)
     notifier = RecordingNotifier()
     report = sync_source(src, store, embedder, settings, notifier=notifier)
-    assert report.exit_code == EXIT_DOCUMENT_FAILURES
-    assert state(store, src.name, "empty.md") == ("permanently_failed", 0, "empty", 0)
+    assert report.exit_code == EXIT_OK
+    assert {d.source_id: (d.action, d.status) for d in report.documents if d.source_id != "good.md"} == {
+        "empty.md": ("skipped", "skipped"), "blank.md": ("skipped", "skipped")}
+    assert state(store, src.name, "empty.md") == ("skipped", 0, "empty", 0)
     status, count, reason, version = state(store, src.name, "blank.md")
-    assert (status, count, version) == ("permanently_failed", 0, 0) and reason.startswith("no text")
+    assert (status, count, version) == ("skipped", 0, 0) and reason.startswith("no text")
     assert state(store, src.name, "good.md")[0] == "completed"
-    alerts = notifier.of("permanently_failed")
-    assert len(alerts) == 1 and sorted(d["source_id"] for d in alerts[0][2]["documents"]) == ["blank.md", "empty.md"]
+    assert notifier.of("permanently_failed") == []
 
     extractions = len(extract_calls)
     again = sync_source(src, store, embedder, settings, notifier=notifier)
     assert {d.source_id: d.action for d in again.documents} == {
         "good.md": "skipped-unchanged", "empty.md": "skipped-unchanged", "blank.md": "skipped-unchanged"}
-    assert len(extract_calls) == extractions and len(notifier.of("permanently_failed")) == 1
-    assert state(store, src.name, "empty.md") == ("permanently_failed", 0, "empty", 0)
+    assert len(extract_calls) == extractions and notifier.of("permanently_failed") == []
+    assert state(store, src.name, "empty.md") == ("skipped", 0, "empty", 0)
 
     text_marker = marker(rng)
     (root / "empty.md").write_text(paragraph(text_marker, rng) + "\n")
@@ -217,7 +220,7 @@ def test_interrupted_run_leaves_new_documents_pending(tmp_path, settings, store,
     (root / "new.md").write_text(paragraph(marker(rng), rng) + "\n")  # new
     (root / "f5.md").write_bytes(revived)  # back again
     monkeypatch.setattr(faults, "_hits", Counter())
-    monkeypatch.setenv("RAG_FAULT_INJECT", "sync.after_embed:raise")
+    monkeypatch.setenv("RAG_FAULT_INJECT", "pipeline.after_embed:raise")
     with pytest.raises(faults.InjectedFault):
         sync_source(src, store, embedder, settings)
     monkeypatch.delenv("RAG_FAULT_INJECT")

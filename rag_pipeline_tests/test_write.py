@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rag_pipeline.retrieval import query
 from rag_pipeline.sources.local import LocalFolderSource
-from rag_pipeline.sync import sync_source
+from rag_pipeline.pipeline.sync import sync_source
 
 
 def _chunk_texts(store, source_id):

@@ -13,7 +13,7 @@ import pytest
 
 from rag_pipeline.sources.zotero import ZoteroSource
 from rag_pipeline.store import index as idx_store
-from rag_pipeline.sync import sync_source
+from rag_pipeline.pipeline.sync import sync_source
 from rag_pipeline_tests.fakes.zotero_server import FakeZoteroServer, linked_map, standard_library
 
 API_KEY = "zk-SYNC-9d8c7b6a5f4e3d2c"

@@ -18,6 +18,8 @@ class ExtractionError(Exception):
     """
 
     terminal: bool = False
+    skip: bool = False
+    """``True``: there is nothing to index (empty, no text): the document ends ``skipped``, not failed."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -43,15 +45,17 @@ class UnsupportedFormatError(ExtractionError):
 
 
 class EmptyDocumentError(ExtractionError):
-    """The file has 0 bytes (reason ``"empty"``)."""
+    """The file has 0 bytes (reason ``"empty"``): ``skipped``."""
 
     terminal = True
+    skip = True
 
 
 class NoTextError(ExtractionError):
-    """A non-empty file yielded no text (never a completed document with 0 chunks)."""
+    """A non-empty file yielded no text (never a completed document with 0 chunks): ``skipped``."""
 
     terminal = True
+    skip = True
 
 
 class MissingDependencyError(ExtractionError):

@@ -1,17 +1,35 @@
 """Local folder source: a directory tree on disk or a mounted NAS share.
 
-Stable id = the path relative to the root, POSIX-style (``reports/2024/q1.pdf``). Each listing reads
-every file once: size, modification time, SHA-256 of the content and the MIME type from the content's
-magic bytes (libmagic), not from the name. A directory that cannot be read part-way makes the whole
-listing fail (``ListingIncompleteError``), never a short inventory. The root must exist and be a
-directory; an unmounted share that shows as an empty directory is caught by the deletion guard.
+Stable id = the path relative to the root, POSIX-style (``reports/2024/q1.pdf``).
+
+A normal listing (``list_documents()``) reads no file content: it walks the directories and costs
+one ``stat`` per file. Each document carries its size (bytes), its modification time and
+``source_version = "<size in bytes>:<mtime in ns>"``; ``content_sha256`` and ``mime_type`` are
+``None``. Content is read at fetch time (``fetch``): the core re-fetches, hashes and sniffs a file
+only when its size or mtime changed, plus a periodic full verification, ``list_documents(verify=True)``,
+which reads every file once for its SHA-256 and its MIME type from the content's magic bytes
+(libmagic), not from the name. The core picks the verification interval (its setting
+``RAG_LOCAL_VERIFY_INTERVAL_S``); the class attribute ``verifiable = True`` tells it that this
+source's listing accepts ``verify=``.
+
+Errors. A directory that cannot be read part-way (or a root that is missing or not a directory)
+makes the whole listing fail with ``ListingIncompleteError``, never a short inventory: we do not
+know what is in a directory we cannot list, so the deletion guard must hold deletions back. A single
+*file* never fails the listing: a file that vanished between the walk and its ``stat`` is simply
+not listed; a file that cannot be ``stat``-ed (e.g. no search permission on its folder) is listed
+without size, mtime or version; a file that cannot be read is listed normally (with
+``verify=True``: without hash or MIME type), and its ``fetch`` raises ``SourceError``, which the
+core records as that document's own failure. An unmounted share that shows as an empty directory
+is caught by the deletion guard.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import os
+import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +37,8 @@ from rag_pipeline.sources.base import ChangeFeedUnavailable, ChangeSet, Inventor
 
 DEFAULT_EXCLUDES = (".*", "*/.*", "~$*", "*/~$*", "*.tmp", "Thumbs.db", "*/Thumbs.db")
 _READ_BLOCK = 1 << 20
+# stat/open errors meaning "there is no regular file here (any more)": the entry is not listed.
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
 
 
 def sniff_mime(head: bytes) -> str:
@@ -52,6 +72,9 @@ class LocalFolderSource:
     defaults to ``local:<absolute root>``.
     """
 
+    verifiable = True
+    """``list_documents`` accepts ``verify=``: a plain listing is stat-only, ``verify=True`` hashes."""
+
     def __init__(self, root: str | os.PathLike, *, include: list[str] | None = None,
                  exclude: list[str] | None = None, name: str | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
@@ -64,24 +87,50 @@ class LocalFolderSource:
             return False
         return not any(fnmatch.fnmatchcase(rel, p) for p in self.exclude)
 
-    def _document(self, path: Path, rel: str) -> SourceDocument:
-        st = path.stat()
-        sha, head = file_digest(path)
-        return SourceDocument(
-            source_id=rel,
-            title=path.name,
-            uri=path.as_uri(),
-            mime_type=sniff_mime(head),
+    def _document(self, path: Path, rel: str, *, verify: bool) -> SourceDocument | None:
+        """The listing entry for one walked file, or ``None`` when it is not (or no longer) a regular
+        file. Never raises ``OSError``: what cannot be known is left ``None`` (see module docstring)."""
+        doc = SourceDocument(source_id=rel, title=path.name, uri=path.as_uri())
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            if err.errno in _GONE:
+                return None  # vanished since the walk, or a dangling / looping symlink
+            return doc  # exists but cannot be stat-ed: listed with nothing known; fetch tells why
+        if not stat.S_ISREG(st.st_mode):
+            return None  # FIFO, socket, device: not a document (and opening a FIFO would block)
+        doc = doc.replace(
             size=st.st_size,
             modified_at=datetime.fromtimestamp(st.st_mtime, tz=timezone.utc),
             source_version=f"{st.st_size}:{st.st_mtime_ns}",
-            content_sha256=sha,
         )
+        if not verify:
+            return doc
+        try:
+            sha, head = file_digest(path)
+        except OSError as err:
+            if err.errno in _GONE:
+                return None  # vanished between stat and open
+            return doc  # unreadable: no hash, no MIME type; the core fetches it and records the error
+        return doc.replace(content_sha256=sha, mime_type=sniff_mime(head))
 
-    def list_documents(self) -> Inventory:
-        """Walk the tree; returns a complete ``Inventory`` sorted by id, or raises
-        ``ListingIncompleteError`` when the root is missing or any directory/file cannot be read."""
-        if not self.root.is_dir():
+    def list_documents(self, *, verify: bool = False) -> Inventory:
+        """Walk the tree; return a complete ``Inventory`` of the selected regular files, sorted by id.
+
+        ``verify=False`` (default): one ``stat`` per file, no content read. Each ``SourceDocument``
+        has ``source_id`` (relative POSIX path), ``title`` (file name), ``uri`` (``file://``),
+        ``size`` (bytes), ``modified_at`` (timezone-aware UTC) and ``source_version``
+        (``"<size>:<st_mtime_ns>"``); ``content_sha256`` and ``mime_type`` are ``None``.
+        ``verify=True``: additionally reads every file once and sets ``content_sha256`` (hex SHA-256)
+        and ``mime_type`` (sniffed from the first 8 KiB); a file that cannot be read keeps both ``None``.
+
+        A single file never fails the listing (see module docstring). Raises ``ListingIncompleteError``
+        when the root is missing or not a directory, or any directory under it cannot be listed."""
+        try:
+            root_is_dir = stat.S_ISDIR(os.stat(self.root).st_mode)
+        except OSError:
+            root_is_dir = False
+        if not root_is_dir:
             raise ListingIncompleteError(f"source folder {self.root} does not exist or is not a directory")
 
         def fail(err: OSError) -> None:
@@ -94,12 +143,12 @@ class LocalFolderSource:
             for fname in sorted(filenames):
                 path = base / fname
                 rel = path.relative_to(self.root).as_posix()
-                if not self._selected(rel) or not path.is_file():
+                if not self._selected(rel):
                     continue
-                try:
-                    documents.append(self._document(path, rel))
-                except OSError as err:
-                    raise ListingIncompleteError(f"listing {self.root} failed part-way at {rel}: {err}") from err
+                doc = self._document(path, rel, verify=verify)
+                if doc is not None:
+                    documents.append(doc)
+        documents.sort(key=lambda d: d.source_id)
         return Inventory(documents=documents, complete=True)
 
     def changes(self, cursor: str | None) -> ChangeSet:
@@ -107,7 +156,8 @@ class LocalFolderSource:
         raise ChangeFeedUnavailable("a local folder has no change feed")
 
     def fetch(self, document: SourceDocument) -> bytes:
-        """Read the file's bytes; raises ``SourceError`` (transient) when it vanished or cannot be read."""
+        """Read the file's bytes (``root / source_id``); raises ``SourceError`` (transient) naming the
+        file and the OS reason when it vanished or cannot be read."""
         path = self.root / document.source_id
         try:
             return path.read_bytes()

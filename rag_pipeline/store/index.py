@@ -39,6 +39,8 @@ class IndexedDocument:
     metadata: dict[str, Any]
     modified_at: datetime | None
     updated_at: datetime
+    doc_type: str | None = None
+    embedding_model: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -51,22 +53,38 @@ class IndexedDocument:
         return (self.status == "pending" or (self.status == "completed" and not self.complete)
                 or (self.status == "failed" and self.failure_count < max_failures))
 
+    @property
+    def live(self) -> bool:
+        """Not a tombstone."""
+        return self.status != "deleted"
 
-def load_index_state(conn: psycopg.Connection, source: str) -> dict[str, IndexedDocument]:
-    """Every top-level document of ``source`` (tombstones included), keyed by ``source_id``."""
+
+_COLUMNS = """
+    d.id, d.source_id, d.status, d.version, d.content_sha256, d.seen_sha256, d.source_version,
+    d.seen_source_version, d.failure_count, d.last_error, d.expected_chunk_count, {stored},
+    d.title, d.uri, d.mime_type, d.metadata, d.modified_at, d.updated_at, d.doc_type, d.embedding_model
+"""
+_STORED_ROWS = "(SELECT count(*) FROM chunks c WHERE c.document_id = d.id AND c.version = d.version)"
+
+
+def load_index_state(conn: psycopg.Connection, source: str, *, count_rows: bool = True) -> dict[str, IndexedDocument]:
+    """Every top-level document of ``source`` (tombstones included), keyed by ``source_id``: the state
+    read once per listing. ``count_rows``: ``stored_chunks`` counts the chunk rows of each current version
+    (what a full reconciliation needs to find and repair missing rows); False takes
+    ``documents.chunk_count``, written by the same transaction as the chunks (a sensor tick over 100,000
+    documents stays cheap)."""
     rows = conn.execute(
-        """
-        SELECT d.id, d.source_id, d.status, d.version, d.content_sha256, d.seen_sha256, d.source_version,
-               d.seen_source_version, d.failure_count, d.last_error, d.expected_chunk_count,
-               COALESCE(c.n, 0), d.title, d.uri, d.mime_type, d.metadata, d.modified_at, d.updated_at
-        FROM documents d
-        LEFT JOIN (SELECT document_id, version, count(*) AS n FROM chunks GROUP BY document_id, version) c
-               ON c.document_id = d.id AND c.version = d.version
-        WHERE d.source = %s AND d.parent_id IS NULL
-        """,
-        (source,),
-    ).fetchall()
+        f"SELECT {_COLUMNS.format(stored=_STORED_ROWS if count_rows else 'd.chunk_count')} FROM documents d "
+        "WHERE d.source = %s AND d.parent_id IS NULL", (source,)).fetchall()
     return {r[1]: IndexedDocument(*r) for r in rows}
+
+
+def find_document(conn: psycopg.Connection, source: str, source_id: str) -> IndexedDocument | None:
+    """The top-level ``documents`` row of (``source``, ``source_id``) with its stored chunk rows, or ``None``."""
+    row = conn.execute(
+        f"SELECT {_COLUMNS.format(stored=_STORED_ROWS)} FROM documents d "
+        "WHERE d.source = %s AND d.source_id = %s AND d.parent_id IS NULL", (source, source_id)).fetchone()
+    return IndexedDocument(*row) if row else None
 
 
 def document_from_index(i: IndexedDocument) -> SourceDocument:

@@ -97,7 +97,7 @@ _INDEX_CHECKS: dict[str, str] = {
         FROM documents d
         LEFT JOIN (SELECT document_id, version, count(*) AS n FROM chunks GROUP BY 1, 2) s
                ON s.document_id = d.id AND s.version = d.version
-        WHERE d.status IN ('pending', 'failed', 'permanently_failed') AND d.version > 0
+        WHERE d.status IN ('pending', 'failed', 'permanently_failed', 'skipped') AND d.version > 0
           AND (COALESCE(d.expected_chunk_count, 0) > 0 OR COALESCE(s.n, 0) > 0)
           AND d.expected_chunk_count IS DISTINCT FROM COALESCE(s.n, 0)
     """,

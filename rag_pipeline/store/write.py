@@ -23,7 +23,11 @@ from psycopg.types.json import Jsonb
 from rag_pipeline.faults import checkpoint
 from rag_pipeline.sources.base import SourceDocument
 
-STATUSES = ("pending", "completed", "failed", "permanently_failed", "deleted")
+STATUSES = ("pending", "completed", "failed", "permanently_failed", "skipped", "deleted")
+"""Every document status (``docs/states.md``); ``skipped`` is terminal but not a failure."""
+
+FAILURE_KINDS = ("transient", "terminal", "skipped")
+"""How ``record_failure`` treats an error: retried later, given up at once, or no content to index."""
 
 
 class IncompleteWriteError(RuntimeError):
@@ -167,14 +171,15 @@ def replace_document(
         conn.execute(
             """
             UPDATE documents SET
-              version = %s, status = 'completed', failure_count = 0, last_error = NULL,
+              version = %s, status = 'completed', failure_count = 0, last_error = NULL, embedding_model = %s,
+              first_failed_at = NULL, last_failed_at = NULL,
               content_sha256 = %s, seen_sha256 = %s, source_version = %s, seen_source_version = %s,
               uri = %s, title = %s, mime_type = %s, doc_type = %s, modified_at = %s, expires_at = %s,
               chunk_count = %s, char_count = %s, page_count = %s, extraction_stats = %s, metadata = %s,
               ingested_at = now(), ready_at = now(), deleted_at = NULL, updated_at = now()
             WHERE id = %s
             """,
-            (new_version, content_sha256, content_sha256, doc.source_version, doc.source_version,
+            (new_version, embedding_model, content_sha256, content_sha256, doc.source_version, doc.source_version,
              _clean(doc.uri), _clean(doc.title), mime_type, doc_type, doc.modified_at, expires,
              stored, char_count, page_count, Jsonb(_json_safe(dict(stats))),
              Jsonb(_json_safe(dict(doc.metadata))), document_id),
@@ -183,49 +188,99 @@ def replace_document(
     return new_version
 
 
+@dataclass(frozen=True)
+class FailureRecord:
+    """Outcome of ``record_failure``: the document's ``status`` and ``failure_count`` afterwards, whether
+    this attempt was ``recorded`` now (False: its attempt key was counted before, or the document is a
+    tombstone), and whether it ``became_permanent`` (``permanently_failed`` reached by this attempt)."""
+
+    status: str
+    failure_count: int
+    recorded: bool
+    became_permanent: bool
+
+
 def record_failure(
     conn: psycopg.Connection,
     document_id: int,
     *,
+    attempt_key: str,
     reason: str,
-    terminal: bool,
+    kind: str,
     max_failures: int,
-    seen_sha256: str | None,
-    seen_source_version: str | None,
+    seen_sha256: str | None = None,
+    seen_source_version: str | None = None,
     mime_type: str | None = None,
     doc_type: str | None = None,
-) -> tuple[str, int]:
-    """Record a failed attempt in its own transaction; return ``(status, failure_count)``.
+) -> FailureRecord:
+    """Record one failed attempt of ``document_id`` in its own transaction: the one failure policy.
 
-    ``terminal`` (deterministic content error) -> ``permanently_failed`` at once (count 0). Otherwise
-    ``failure_count + 1`` and ``failed``, or ``permanently_failed`` when it reaches ``max_failures``;
-    the count restarts at 1 when ``seen_sha256`` differs from the content that failed before.
-    The previous complete version's chunks are left untouched (still searchable).
+    ``attempt_key`` names the attempt (``sync:<run id>``, ``dagster:<root run id>``): the same key is
+    counted once, so a step retried inside a run, a re-delivered run failure or a failure seen by two
+    callers never counts twice (ledger: ``document_failures``); a document already ``permanently_failed`` on
+    the same content is left as it is. ``kind`` (``FAILURE_KINDS``):
+    ``transient`` -> ``failure_count + 1`` and ``failed``, or ``permanently_failed`` at ``max_failures``;
+    ``terminal`` (a deterministic content error) -> ``permanently_failed`` at once, ``failure_count + 1``;
+    ``skipped`` (empty, no extractable content) -> ``skipped``, count 0, not a
+    failure. The count restarts when ``seen_sha256`` differs from the content that failed before (a
+    count belongs to one content version); ``seen_*`` None keeps what the row has. ``first_failed_at`` /
+    ``last_failed_at`` frame the failures of the current content. The previous complete version's chunks
+    are left untouched (still searchable). Raises ``LookupError`` for an unknown document and
+    ``ValueError`` for an unknown ``kind``.
     """
+    if kind not in FAILURE_KINDS:
+        raise ValueError(f"unknown failure kind {kind!r}: {', '.join(FAILURE_KINDS)}")
     with conn.transaction():
-        previous = conn.execute("SELECT seen_sha256 FROM documents WHERE id = %s FOR UPDATE",
-                                (document_id,)).fetchone()
+        row = conn.execute("SELECT status, failure_count, seen_sha256, seen_source_version FROM documents "
+                           "WHERE id = %s FOR UPDATE", (document_id,)).fetchone()
+        if row is None:
+            raise LookupError(f"document {document_id} does not exist")
+        status, count, seen_sha, seen_version = row
+        inserted = conn.execute(
+            "INSERT INTO document_failures (document_id, attempt_key, reason, terminal) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING RETURNING 1",
+            (document_id, attempt_key, _clean(reason)[:2000], kind != "transient")).fetchone()
         # new content gets a fresh failure budget (a count belongs to one content version)
-        changed = bool(seen_sha256 and previous and previous[0] and previous[0] != seen_sha256)
-        row = conn.execute(
+        changed = bool(seen_sha256 and seen_sha and seen_sha != seen_sha256)
+        if inserted is None or status == "deleted" or (status == "permanently_failed" and not changed):
+            return FailureRecord(status, count, False, False)  # counted before, or given up on this content
+        sha = seen_sha256 or seen_sha
+        base = 0 if changed or status in ("completed", "skipped") else count
+        if kind == "skipped":
+            new_status, new_count = "skipped", 0
+        elif kind == "terminal" or base + 1 >= max_failures:
+            new_status, new_count = "permanently_failed", base + 1
+        else:
+            new_status, new_count = "failed", base + 1
+        failing = new_status != "skipped"
+        conn.execute(
             """
-            UPDATE documents SET
-              failure_count = CASE WHEN %(terminal)s THEN 0 ELSE
-                                (CASE WHEN %(changed)s THEN 0 ELSE failure_count END) + 1 END,
-              status = CASE WHEN %(terminal)s
-                              OR (CASE WHEN %(changed)s THEN 0 ELSE failure_count END) + 1 >= %(max)s
-                            THEN 'permanently_failed' ELSE 'failed' END,
-              last_error = %(reason)s, seen_sha256 = %(sha)s, seen_source_version = %(sv)s,
-              mime_type = COALESCE(%(mime)s, mime_type), doc_type = COALESCE(%(dt)s, doc_type),
+            UPDATE documents SET status = %s, failure_count = %s, last_error = %s, seen_sha256 = %s,
+              seen_source_version = %s, mime_type = COALESCE(%s, mime_type), doc_type = COALESCE(%s, doc_type),
+              first_failed_at = CASE WHEN NOT %s THEN NULL WHEN %s OR first_failed_at IS NULL THEN now()
+                                     ELSE first_failed_at END,
+              last_failed_at = CASE WHEN %s THEN now() END,
               deleted_at = NULL, updated_at = now()
-            WHERE id = %(id)s
-            RETURNING status, failure_count
+            WHERE id = %s
             """,
-            {"terminal": terminal, "changed": changed, "max": max_failures, "reason": _clean(reason)[:2000], "sha": seen_sha256,
-             "sv": seen_source_version, "mime": mime_type, "dt": doc_type, "id": document_id},
-        ).fetchone()
-    assert row is not None
-    return str(row[0]), int(row[1])
+            (new_status, new_count, _clean(reason)[:2000], sha, seen_source_version or seen_version, mime_type,
+             doc_type, failing, changed or base == 0, failing, document_id))
+    return FailureRecord(new_status, new_count, True,
+                         new_status == "permanently_failed" and status != "permanently_failed")
+
+
+def reset_failures(conn: psycopg.Connection, document_ids: Sequence[int]) -> int:
+    """The retry action: documents ``failed``/``permanently_failed``/``skipped`` go back to ``pending``
+    with ``failure_count`` 0 and their seen content forgotten (so the next plan fetches them again);
+    previous chunks stay searchable. Returns how many rows changed."""
+    if not document_ids:
+        return 0
+    return conn.execute(
+        """
+        UPDATE documents SET status = 'pending', failure_count = 0, seen_sha256 = NULL, seen_source_version = NULL,
+               first_failed_at = NULL, last_failed_at = NULL, updated_at = now()
+        WHERE id = ANY(%s) AND status IN ('failed', 'permanently_failed', 'skipped')
+        """, (list(document_ids),)).rowcount
 
 
 def update_metadata(conn: psycopg.Connection, document_id: int, doc: SourceDocument, *, expires: datetime | None) -> None:
@@ -272,7 +327,7 @@ def mark_deleted(conn: psycopg.Connection, document_ids: Sequence[int]) -> int:
 def log_ingest(
     conn: psycopg.Connection,
     *,
-    run_id: int | None,
+    run_id: str | None,
     document_id: int | None,
     source: str,
     source_id: str,
@@ -285,7 +340,8 @@ def log_ingest(
     embedded_count: int | None = None,
     duration_ms: int | None = None,
 ) -> None:
-    """Append one ``ingest_log`` row (one per document per run)."""
+    """Append one ``ingest_log`` row (one per document per run). ``run_id``: ``sync:<id>`` or
+    ``dagster:<run id>``; ``action``: a ``rag_pipeline.pipeline.outcome.Action`` value."""
     conn.execute(
         """
         INSERT INTO ingest_log (run_id, document_id, source, source_id, version, action, status, reason,

@@ -1,19 +1,19 @@
 """Per-document assets: ``document_markdown`` -> ``document_chunks`` -> ``document_embeddings``.
 
-Each body reads its partition keys and calls ``rag_pipeline.ingest``; the data (Markdown, chunk texts,
-vectors) lives in PostgreSQL, never in an IO manager. A run covers one document (sensor runs) or a batch
-of them (backfills, ``BACKFILL_POLICY``); metadata is recorded per document either way. Transient
-failures fail the step after the other documents of the batch were processed, naming the failed
-partitions in the failure's metadata (``failed_partitions``) for ``document_failure_sensor``.
+Each body reads its partition keys and calls ``rag_pipeline.pipeline.staged`` (the steps of
+``pipeline.steps`` with the work staged in PostgreSQL, never in an IO manager). A run covers one document
+(sensor runs) or a batch (backfills, ``BACKFILL_POLICY``); metadata is recorded per document either way.
+Failures are recorded by the steps themselves (the run's root id is the attempt key); a transient one
+fails the step after the other documents of the batch were processed, naming the failed partitions in
+the failure's metadata (``failed_partitions``), so Dagster's retry policy and the UI see it.
 """
 
 import json
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import dagster as dg
 
-from rag_pipeline import ingest
 from rag_pipeline.defs.documents.partitions import documents, parse_document_partition_key
 from rag_pipeline.defs.ingestion.resources import (
     EmbedderResource,
@@ -22,11 +22,11 @@ from rag_pipeline.defs.ingestion.resources import (
     SourcesResource,
     StoreResource,
 )
-from rag_pipeline.ingest import StepOutcome
-from rag_pipeline.sources.base import SourceDocument
+from rag_pipeline.pipeline import staged, steps
+from rag_pipeline.pipeline.outcome import DocumentOutcome
+from rag_pipeline.pipeline.steps import Prepared, RunContext
 from rag_pipeline.store import checks as check_sql
-from rag_pipeline.store import staging
-from rag_pipeline.store.index import document_from_index
+from rag_pipeline.store.staging import document_from_json
 
 RETRY_POLICY = dg.RetryPolicy(max_retries=2, delay=1.0, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 """Transient errors inside a run: retried after ~1 s and ~2 s (+-jitter); then the run fails and
@@ -57,10 +57,18 @@ class EmbeddingsConfig(dg.Config):
     force: bool = False
 
 
-def outcome_metadata(o: StepOutcome) -> dict[str, object]:
+def outcome_metadata(o: DocumentOutcome | Prepared) -> dict[str, object]:
     """The metadata every per-document materialization carries (same keys for every step)."""
+    if isinstance(o, Prepared):
+        x = o.extraction
+        tokens = [c.token_count for c in o.chunks or ()]
+        o = DocumentOutcome(o.work.doc.source_id, o.work.doc.title, "chunked" if o.chunks else "extracted",
+                            o.work.indexed.status if o.work.indexed else "pending", None, o.document_id,
+                            chunk_count=len(tokens) if o.chunks else None, char_count=x.char_count,
+                            page_count=x.page_count, preview=(o.chunks[0].text if o.chunks else x.markdown)[:600],
+                            stats={**x.stats, **({"max_tokens": max(tokens)} if tokens else {})})
     return {
-        "action": o.action, "status": o.status or "", "skip_reason": o.reason or "",
+        "action": str(o.action), "status": o.status or "", "skip_reason": o.reason or "",
         "characters": o.char_count, "pages": o.page_count,
         "characters_per_page": round(o.chars_per_page, 1) if o.chars_per_page is not None else None,
         "chunks": o.chunk_count, "model": o.model or "", "version": o.version,
@@ -70,32 +78,37 @@ def outcome_metadata(o: StepOutcome) -> dict[str, object]:
     }
 
 
-def _record(context: dg.AssetExecutionContext, outcomes: Mapping[str, StepOutcome], notifier: NotifierResource,
-            source_names: Mapping[str, str]) -> None:
-    """Attach per-partition metadata, alert on newly permanent failures, fail on transient errors."""
+def run_context(context: dg.AssetExecutionContext, conn, source: str, settings) -> RunContext:
+    """The steps' ``RunContext`` for this Dagster run: its root run id is the attempt key, so a step retried
+    inside the run, or the run retried, counts one failed attempt."""
+    root = context.run.tags.get("dagster/root_run_id") or context.run.run_id
+    return RunContext(conn, source, settings, f"dagster:{root}")
+
+
+def run_steps(context: dg.AssetExecutionContext, rag_settings: SettingsResource, store: StoreResource,
+              embedder: EmbedderResource, sources: SourcesResource, notifier: NotifierResource,
+              step: Callable[[RunContext, object, list[str]], Mapping[str, DocumentOutcome | Prepared]]) -> None:
+    """Run ``step(ctx, source, source_ids)`` per source of this run's partitions, record per-partition
+    metadata, alert on newly permanent failures, and fail the step when a document failed transiently."""
+    settings = rag_settings.settings()
+    index = store.open(settings, embedder.get(settings))
+    outcomes: dict[str, DocumentOutcome | Prepared] = {}
+    with index.connection() as conn:
+        for name, items in _by_source(context.partition_keys).items():
+            source = sources.build(name)
+            done = step(run_context(context, conn, source.name, settings), source, [sid for _, sid in items])
+            outcomes.update({key: done[sid] for key, sid in items})
+            steps.notify_permanent(notifier.get(), source.name, [o for o in done.values()
+                                                                 if isinstance(o, DocumentOutcome)],
+                                   max_failures=settings.max_failures)
+    errors = {k: o.reason or "error" for k, o in outcomes.items() if isinstance(o, DocumentOutcome) and o.transient}
     for key, o in outcomes.items():
-        if not o.is_error:
+        if key not in errors:
             context.add_asset_metadata(outcome_metadata(o), partition_key=key)
-    permanent = [(k, o) for k, o in outcomes.items() if o.became_permanent]
-    if permanent:
-        alert = notifier.get()
-        for key, o in permanent:
-            name = parse_document_partition_key(key)[0]
-            alert.notify("permanently_failed", f"{source_names[name]}: {o.source_id} became permanently_failed: {o.reason}",
-                         {"source": source_names[name], "documents": [{"source_id": o.source_id, "reason": o.reason}]})
-    errors = {k: o.reason or "error" for k, o in outcomes.items() if o.is_error}
     if errors:
         first = next(iter(errors.items()))
         raise dg.Failure(description=f"{len(errors)} of {len(outcomes)} document(s) failed; first {first[0]}: {first[1]}",
                          metadata={"failed_partitions": dg.MetadataValue.json(errors)})
-
-
-def _listed_or_indexed(conn, source_name: str, sid: str, listing: SourceDocument | None) -> SourceDocument | None:
-    """The listing passed with the run, else the document as the index knows it, else None."""
-    if listing is not None and listing.source_id == sid:
-        return listing
-    i = staging.find_document(conn, source_name, sid)
-    return document_from_index(i) if i else None
 
 
 def _by_source(keys: list[str]) -> dict[str, list[tuple[str, str]]]:
@@ -112,21 +125,11 @@ def document_markdown(context: dg.AssetExecutionContext, config: MarkdownConfig,
                       store: StoreResource, embedder: EmbedderResource, sources: SourcesResource,
                       notifier: NotifierResource) -> dg.MaterializeResult:
     """Each document's content as cleaned Markdown (fetched, hashed, extracted; staged in PostgreSQL)."""
-    settings = rag_settings.settings()
-    index = store.open(settings, embedder.get(settings))
-    listing = staging.document_from_json(json.loads(config.listing)) if config.listing else None
-    outcomes: dict[str, StepOutcome] = {}
-    names: dict[str, str] = {}
-    with index.connection() as conn:
-        for name, items in _by_source(context.partition_keys).items():
-            source = sources.build(name)
-            names[name] = source.name
-            docs = {sid: _listed_or_indexed(conn, source.name, sid, listing) for _, sid in items}
-            if any(d is None for d in docs.values()):  # never indexed and no listing given: list once
-                docs.update(ingest.listed_documents(source, [sid for sid, d in docs.items() if d is None]))
-            for key, sid in items:
-                outcomes[key] = ingest.stage_markdown(conn, source, docs[sid], settings)
-    _record(context, outcomes, notifier, names)
+    listing = document_from_json(json.loads(config.listing)) if config.listing else None
+    model = embedder.get(rag_settings.settings()).model_id
+    run_steps(context, rag_settings, store, embedder, sources, notifier, lambda ctx, source, ids: {
+        sid: staged.stage_markdown(ctx, source, staged.document_for(ctx, source, sid, listing), model=model)
+        for sid in ids})
     return dg.MaterializeResult()
 
 
@@ -136,17 +139,9 @@ def document_chunks(context: dg.AssetExecutionContext, rag_settings: SettingsRes
                     embedder: EmbedderResource, sources: SourcesResource,
                     notifier: NotifierResource) -> dg.MaterializeResult:
     """Each document's chunk texts, cut for the embedding model's token limit (staged in PostgreSQL)."""
-    settings = rag_settings.settings()
-    emb = embedder.get(settings)
-    index = store.open(settings, emb)
-    outcomes: dict[str, StepOutcome] = {}
-    names: dict[str, str] = {}
-    with index.connection() as conn:
-        for name, items in _by_source(context.partition_keys).items():
-            names[name] = sources.build(name).name
-            for key, sid in items:
-                outcomes[key] = ingest.stage_chunks(conn, names[name], sid, emb, settings)
-    _record(context, outcomes, notifier, names)
+    emb = embedder.get(rag_settings.settings())
+    run_steps(context, rag_settings, store, embedder, sources, notifier,
+              lambda ctx, source, ids: {sid: staged.stage_chunks(ctx, sid, emb) for sid in ids})
     return dg.MaterializeResult()
 
 
@@ -157,22 +152,18 @@ def document_embeddings(context: dg.AssetExecutionContext, config: EmbeddingsCon
                         notifier: NotifierResource) -> dg.MaterializeResult:
     """Each document's searchable version: vectors written with its chunks in one swap transaction
     (re-embeds from stored chunk texts when the configured model changed)."""
-    settings = rag_settings.settings()
-    emb = embedder.get(settings)
-    index = store.open(settings, emb)
-    outcomes: dict[str, StepOutcome] = {}
-    names: dict[str, str] = {}
-    with index.connection() as conn:
-        for name, items in _by_source(context.partition_keys).items():
-            names[name] = sources.build(name).name
-            written = ingest.write_embeddings(conn, names[name], [sid for _, sid in items], emb, settings,
-                                              force=config.force)
-            outcomes.update({key: o for (key, _), o in zip(items, written, strict=True)})
-        counts = check_sql.chunk_counts(conn, [o.document_id for o in outcomes.values() if o.document_id])
-    results = {key: _chunk_check(o, counts.get(o.document_id or -1)) for key, o in outcomes.items()}
+    emb = embedder.get(rag_settings.settings())
+    written: dict[str, DocumentOutcome] = {}
+
+    def step(ctx, source, ids):
+        done = staged.write_embeddings(ctx, ids, emb, force=config.force)
+        written.update(done)
+        return done
+
     try:
-        _record(context, outcomes, notifier, names)
+        run_steps(context, rag_settings, store, embedder, sources, notifier, step)
     finally:
+        results = _chunk_checks(store.open(rag_settings.settings(), emb), context.partition_keys, written)
         if len(results) > 1:  # a batch: one evaluation per partition, and a summary for the step
             for key, result in results.items():
                 context.log_event(dg.AssetCheckEvaluation(
@@ -186,7 +177,15 @@ def document_embeddings(context: dg.AssetExecutionContext, config: EmbeddingsCon
                                      "failed_partitions": dg.MetadataValue.json(failed[:50])})])
 
 
-def _chunk_check(o: StepOutcome, count: check_sql.ChunkCount | None) -> dg.AssetCheckResult:
+def _chunk_checks(index, keys: list[str], written: Mapping[str, DocumentOutcome]) -> dict[str, dg.AssetCheckResult]:
+    with index.connection() as conn:
+        counts = check_sql.chunk_counts(conn, [o.document_id for o in written.values() if o.document_id])
+    ids = {key: parse_document_partition_key(key)[1] for key in keys}
+    return {key: _chunk_check(counts.get(written[sid].document_id or -1) if sid in written else None)
+            for key, sid in ids.items()}
+
+
+def _chunk_check(count: check_sql.ChunkCount | None) -> dg.AssetCheckResult:
     if count is None:
         return dg.AssetCheckResult(passed=True, metadata={"status": "not in the index", "expected": None,
                                                           "stored": 0, "other_versions": 0})

@@ -1,12 +1,14 @@
 """``document_failure_sensor``: counts failed attempts per document across runs and days.
 
-For every failed run that touched ``documents`` partitions it finds the documents the run could not
-process (the ``failed_partitions`` metadata of a step's ``dg.Failure``; otherwise every partition of the
-run) and records one failed attempt each in the ``documents`` table
-(``store.staging.record_attempt_failure``). The attempt key is the run's *root* run id, so a run and its
-automatic run retries (``dagster.yaml``: worker crashes only) count once, as do re-deliveries of the same
-failure. At ``max_failures`` (default 3) a document becomes ``permanently_failed`` and an alert goes out;
-the next successful write resets the count.
+The steps record their own failures (``pipeline.steps.fail``, attempt key ``dagster:<root run id>``);
+this sensor covers the runs that died where no step could record anything (a killed worker, a crash
+outside the step, a blocking check). For every failed run that touched ``documents`` partitions it finds
+the documents the run could not process (the ``failed_partitions`` metadata of a step's ``dg.Failure``;
+otherwise every partition of the run) and records one failed attempt each with the same policy and key
+(``store.write.record_failure``), so an attempt the step already counted is not counted again, and a run
+and its automatic run retries (``dagster.yaml``: worker crashes only) count once. At ``max_failures``
+(default 3) a document becomes ``permanently_failed`` and an alert goes out; the next successful write
+resets the count.
 """
 
 import json
@@ -22,8 +24,11 @@ from rag_pipeline.defs.ingestion.resources import (
     SourcesResource,
     StoreResource,
 )
+from rag_pipeline.pipeline.steps import RunContext, finish, notify_permanent
+from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.store import staging
 from rag_pipeline.store import write as w
+from rag_pipeline.store.index import find_document
 
 DOCUMENT_STEPS = frozenset({"document_markdown", "document_chunks", "document_embeddings"})
 
@@ -93,8 +98,8 @@ def document_failure_sensor(context: dg.RunFailureSensorContext, rag_settings: S
         return dg.SkipReason(f"run {run.run_id} touched no document partitions")
     settings = rag_settings.settings()
     index = store.open(settings, embedder.get(settings))
-    attempt = run.tags.get("dagster/root_run_id") or run.run_id
-    permanent: dict[str, list[dict[str, str]]] = {}
+    attempt = f"dagster:{run.tags.get('dagster/root_run_id') or run.run_id}"
+    permanent: dict[str, list[DocumentOutcome]] = {}
     listing = _listing_of(run)
     with index.connection() as conn:
         for key, reason in failures.items():
@@ -104,25 +109,21 @@ def document_failure_sensor(context: dg.RunFailureSensorContext, rag_settings: S
             except KeyError:
                 context.log.warning(f"{key}: source {name!r} is no longer configured; failure not recorded")
                 continue
-            i = staging.find_document(conn, source_name, sid)
-            if i is None:  # the run died before the document got its row
-                doc = staging.document_from_json(listing if listing.get("source_id") == sid else {"source_id": sid})
-                document_id = w.ensure_document(conn, source_name, doc)
-            else:
-                document_id = i.id
             listed = listing if listing.get("source_id") == sid else {}
-            result = staging.record_attempt_failure(
-                conn, document_id, attempt_key=attempt, reason=reason, max_failures=settings.max_failures,
-                source=source_name, seen_sha256=listed.get("content_sha256"),
+            i = find_document(conn, source_name, sid)
+            document_id = i.id if i else w.ensure_document(  # the run died before the document got its row
+                conn, source_name, staging.document_from_json(listed or {"source_id": sid}))
+            result = w.record_failure(
+                conn, document_id, attempt_key=attempt, reason=reason, kind="transient",
+                max_failures=settings.max_failures, seen_sha256=listed.get("content_sha256"),
                 seen_source_version=listed.get("source_version"))
+            outcome = DocumentOutcome(sid, None, Action.FAILED, result.status, reason, document_id,
+                                      became_permanent=result.became_permanent)
+            if result.recorded:
+                finish(RunContext(conn, source_name, settings, attempt), outcome)
             context.log.info(f"{key}: status {result.status}, failure_count {result.failure_count}"
                              f"{'' if result.recorded else ' (already counted)'}")
-            if result.became_permanent:
-                permanent.setdefault(source_name, []).append({"source_id": sid, "reason": reason})
-    alert = notifier.get() if permanent else None
-    for source_name, docs in permanent.items():
-        alert.notify("permanently_failed",
-                     f"{source_name}: {len(docs)} document(s) became permanently_failed after "
-                     f"{settings.max_failures} failed attempts",
-                     {"source": source_name, "documents": docs, "run_id": run.run_id})
+            permanent.setdefault(source_name, []).append(outcome)
+    for source_name, outcomes in permanent.items():
+        notify_permanent(notifier.get(), source_name, outcomes, max_failures=settings.max_failures)
     return None

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any
 
 import dagster as dg
 
 from rag_pipeline.config import Settings, get_settings
 from rag_pipeline.embedding import Embedder, get_embedder
+from rag_pipeline.sources import build_source
 from rag_pipeline.sources.base import Source
 from rag_pipeline.store import Store
-from rag_pipeline.sync import Notifier
+from rag_pipeline.pipeline.steps import Notifier
 
 # Process-wide caches (module level: pydantic turns underscore class attributes of a resource into
 # per-instance private attributes, so they cannot be shared through the class).
@@ -90,40 +90,6 @@ class SourceResource(dg.ConfigurableResource):
         return build_source(**self.model_dump())
 
 
-def build_source(kind: str = "local", *, path: str = "", include: str = "", exclude: str = "", library: str = "",
-                 folder: str = "", shared_drive: str = "", drive: str = "", **_: Any) -> Source:
-    """Build a connector from plain options (shared by the CLI and ``SourceResource``)."""
-    if kind == "local":
-        from rag_pipeline.sources.local import LocalFolderSource
-
-        if not path:
-            raise ValueError("a local source needs a path")
-        return LocalFolderSource(
-            path,
-            include=[p for p in include.split(",") if p] or None,
-            exclude=[p for p in exclude.split(",") if p] if exclude else None,
-        )
-    if kind == "zotero":
-        from rag_pipeline.sources.zotero import ZoteroSource
-
-        if not library:
-            raise ValueError("a zotero source needs --library users/<id> or groups/<id>")
-        return ZoteroSource.from_env(library)
-    if kind == "gdrive":
-        from rag_pipeline.sources.gdrive import GoogleDriveSource
-
-        if not (folder or shared_drive):
-            raise ValueError("a gdrive source needs --folder <id> or --shared-drive <id>")
-        return GoogleDriveSource.from_env(folder_id=folder or None, shared_drive_id=shared_drive or None)
-    if kind == "sharepoint":
-        from rag_pipeline.sources.sharepoint import SharePointSource
-
-        if not drive:
-            raise ValueError("a sharepoint source needs --drive <id>")
-        return SharePointSource.from_env(drive_id=drive, path=path or None)
-    raise ValueError(f"unknown source kind {kind!r}: local, zotero, gdrive or sharepoint")
-
-
 class SourcesResource(dg.ConfigurableResource):
     """Every configured source by its short name (``defs/sources/config.py``): ``sources_json`` is a JSON
     object ``{name: {SourceResource fields}}``. Connectors are built once per process."""
@@ -162,7 +128,7 @@ class NotifierResource(dg.ConfigurableResource):
     retries: int = 2
 
     def get(self) -> Notifier:
-        """The notifier (a ``rag_pipeline.sync.Notifier``)."""
+        """The notifier (a ``rag_pipeline.pipeline.steps.Notifier``)."""
         from rag_pipeline.notify import build_notifier
 
         env = os.environ

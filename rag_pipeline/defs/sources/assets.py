@@ -7,9 +7,11 @@ their partitions. A failed guard (incomplete listing, empty listing, too large a
 check with the numbers, alerts, and blocks the purge: nothing is deleted.
 """
 
+from typing import Optional
+
 import dagster as dg
 
-from rag_pipeline import reconcile
+from rag_pipeline.defs.documents.assets import run_context
 from rag_pipeline.defs.documents.partitions import document_partition_key, documents
 from rag_pipeline.defs.ingestion.resources import (
     EmbedderResource,
@@ -19,8 +21,9 @@ from rag_pipeline.defs.ingestion.resources import (
     StoreResource,
 )
 from rag_pipeline.defs.sources.config import SourceSpec
-from rag_pipeline.reconcile import SourceDiff
-from rag_pipeline.store import staging
+from rag_pipeline.pipeline import staged
+from rag_pipeline.pipeline.inventory import take_inventory
+from rag_pipeline.pipeline.plan import Decision, SourceDiff
 
 GROUP = "sources"
 KINDS = {"local": "file", "zotero": "zotero", "gdrive": "googledrive", "sharepoint": "sharepoint"}
@@ -32,6 +35,8 @@ class InventoryConfig(dg.Config):
     or empty listing)."""
 
     allow_mass_delete: bool = False
+    confirm_delete: Optional[int] = None
+    """The exact number of deletions expected (lifts the fraction and the empty-listing rule when it matches)."""
 
 
 def inventory_key(name: str) -> dg.AssetKey:
@@ -56,8 +61,9 @@ def inventory_metadata(diff: SourceDiff) -> dict[str, object]:
         "listed": diff.listed, "complete": diff.complete, "incomplete_reason": diff.incomplete_reason or "",
         "indexed": diff.indexed, **diff.summary(),
         "guard_passed": diff.guard.passed, "guard_reason": diff.guard.reason or "",
-        "added_documents": _ids_md([p.doc.source_id for p in diff.work if p.decision == "add"]),
-        "changed_documents": _ids_md([p.doc.source_id for p in diff.work if p.decision in ("change", "metadata")]),
+        "added_documents": _ids_md([p.doc.source_id for p in diff.work if p.decision == Decision.ADD]),
+        "changed_documents": _ids_md([p.doc.source_id for p in diff.work
+                                      if p.decision in (Decision.CHANGE, Decision.METADATA)]),
         "deleted_documents": _ids_md([i.source_id for i in diff.vanished]),
     }
 
@@ -88,10 +94,12 @@ def build_source_assets(spec: SourceSpec) -> list[dg.AssetsDefinition]:
                          notifier: NotifierResource) -> dg.MaterializeResult:
         settings = rag_settings.settings()
         source = sources.build(spec.name)
-        if config.allow_mass_delete:
+        if config.allow_mass_delete or config.confirm_delete is not None:
             context.log.warning(f"{source.name}: mass-delete override requested for this inventory")
-        with store.open(settings, embedder.get(settings)).connection() as conn:
-            diff = reconcile.take_inventory(source, conn, settings, allow_mass_delete=config.allow_mass_delete)
+        emb = embedder.get(settings)
+        with store.open(settings, emb).connection() as conn:
+            diff = take_inventory(source, conn, settings, model=emb.model_id, allow_mass_delete=config.allow_mass_delete,
+                                  confirm_delete=config.confirm_delete)
         if not diff.guard.passed:
             g = diff.guard
             notifier.get().notify("deletion_guard", f"{source.name}: deletion guard tripped: {g.reason}",
@@ -107,12 +115,12 @@ def build_source_assets(spec: SourceSpec) -> list[dg.AssetsDefinition]:
         settings = rag_settings.settings()
         source = sources.build(spec.name)
         with store.open(settings, embedder.get(settings)).connection() as conn:
-            purged = staging.purge_pending_deletions(conn, source.name)
+            purged = [o.source_id for o in staged.purge_deletions(run_context(context, conn, source.name, settings))]
         existing = set(context.instance.get_dynamic_partitions(documents.name))
-        keys = [k for k in (document_partition_key(spec.name, sid) for _, sid in purged) if k in existing]
+        keys = [k for k in (document_partition_key(spec.name, sid) for sid in purged) if k in existing]
         for key in keys:
             context.instance.delete_dynamic_partition(documents.name, key)
         return dg.MaterializeResult(metadata={"deleted": len(purged), "partitions_removed": len(keys),
-                                              "documents": _ids_md([sid for _, sid in purged])})
+                                              "documents": _ids_md(purged)})
 
     return [source_inventory, purge_deleted_documents]

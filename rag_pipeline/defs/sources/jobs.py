@@ -1,5 +1,7 @@
 """Per-source jobs: the inventory + guarded purge, and the daily full reconciliation (with its schedule)."""
 
+from typing import Optional
+
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
@@ -13,13 +15,15 @@ from rag_pipeline.defs.ingestion.resources import (
 )
 from rag_pipeline.defs.sources.assets import inventory_key, purge_key
 from rag_pipeline.defs.sources.config import SourceSpec
-from rag_pipeline.sync import EXIT_GUARD, sync_source
+from rag_pipeline.pipeline.sync import EXIT_GUARD, sync_source
 
 
 class ReconcileConfig(dg.Config):
-    """``allow_mass_delete``: the explicit, logged override of the deletion fraction."""
+    """``allow_mass_delete``: the explicit, logged override of the deletion fraction; ``confirm_delete``: the
+    exact number of deletions expected (also allows an emptied source), as ``rag-pipeline sync --confirm-delete``."""
 
     allow_mass_delete: bool = False
+    confirm_delete: Optional[int] = None
 
 
 def build_inventory_job(spec: SourceSpec) -> UnresolvedAssetJobDefinition:
@@ -31,7 +35,7 @@ def build_inventory_job(spec: SourceSpec) -> UnresolvedAssetJobDefinition:
 
 
 def build_reconcile_job(spec: SourceSpec) -> dg.JobDefinition:
-    """``<name>_reconcile``: ``sync_source(full=True)``, the same code path as ``rag-pipeline sync --full``:
+    """``<name>_reconcile``: ``pipeline.sync.sync_source(full=True)``, what ``rag-pipeline sync --full`` runs:
     adds, updates, retries, repairs and guarded deletions in one run; fails when the guard trips."""
 
     @dg.op(name=f"{spec.name}_full_reconciliation", out=dg.Out(dg.Nothing))
@@ -42,7 +46,8 @@ def build_reconcile_job(spec: SourceSpec) -> dg.JobDefinition:
         emb = embedder.get(settings)
         source = sources.build(spec.name)
         report = sync_source(source, store.open(settings, emb), emb, settings, full=True,
-                             allow_mass_delete=config.allow_mass_delete, notifier=notifier.get())
+                             allow_mass_delete=config.allow_mass_delete, confirm_delete=config.confirm_delete,
+                             notifier=notifier.get())
         existing = set(context.instance.get_dynamic_partitions(documents.name))
         for key in (document_partition_key(spec.name, sid) for sid in report.deleted):
             if key in existing:

@@ -22,13 +22,13 @@ from datetime import date
 import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from rag_pipeline import reconcile
 from rag_pipeline.config import Settings
 from rag_pipeline.defs.documents.partitions import document_partition_key, documents
 from rag_pipeline.defs.ingestion.resources import EmbedderResource, SettingsResource, SourcesResource, StoreResource
 from rag_pipeline.defs.sources.assets import inventory_key, purge_key
 from rag_pipeline.defs.sources.config import SourceSpec
-from rag_pipeline.reconcile import PlannedDocument
+from rag_pipeline.pipeline.inventory import list_and_diff
+from rag_pipeline.pipeline.plan import Decision, PlannedDocument
 from rag_pipeline.sources.base import Source
 from rag_pipeline.store import Store
 from rag_pipeline.store.staging import document_to_json
@@ -45,7 +45,7 @@ def in_flight_partitions(instance: dg.DagsterInstance, name: str) -> set[str]:
 
 
 def _ordered(work: list[PlannedDocument]) -> list[PlannedDocument]:
-    return [p for p in work if p.decision != "retry"] + [p for p in work if p.decision == "retry"]
+    return [p for p in work if p.decision != Decision.RETRY] + [p for p in work if p.decision == Decision.RETRY]
 
 
 def build_source_diff_sensor(spec: SourceSpec, ingest_job: UnresolvedAssetJobDefinition,
@@ -58,20 +58,23 @@ def build_source_diff_sensor(spec: SourceSpec, ingest_job: UnresolvedAssetJobDef
     def source_diff_sensor(context: dg.SensorEvaluationContext, rag_settings: SettingsResource, store: StoreResource,
                            embedder: EmbedderResource, sources: SourcesResource) -> dg.SensorResult:
         settings = rag_settings.settings()
-        return source_diff_tick(context, spec, sources.build(spec.name), store.open(settings, embedder.get(settings)),
-                                settings, ingest_job_name=ingest_job.name, inventory_job_name=inventory_job.name)
+        emb = embedder.get(settings)
+        return source_diff_tick(context, spec, sources.build(spec.name), store.open(settings, emb), settings,
+                                ingest_job_name=ingest_job.name, inventory_job_name=inventory_job.name,
+                                model=emb.model_id)
 
     return source_diff_sensor
 
 
 def source_diff_tick(context: dg.SensorEvaluationContext, spec: SourceSpec, source: Source, index: Store,
-                     settings: Settings, *, ingest_job_name: str, inventory_job_name: str) -> dg.SensorResult:
+                     settings: Settings, *, ingest_job_name: str, inventory_job_name: str,
+                     model: str | None = None) -> dg.SensorResult:
     """One evaluation of the diff sensor for ``source`` (see module docstring); the sensor's whole work
     after its resources are built (benchmarks call it with a generated source)."""
     started = time.perf_counter()
     cursor = json.loads(context.cursor) if context.cursor else {}
     with index.connection() as conn:
-        diff = reconcile.list_and_diff(source, conn, settings, feed_cursor=cursor.get("feed"))
+        diff = list_and_diff(source, conn, settings, cursor=cursor.get("feed"), count_rows=False, model=model)
     listed_at = time.perf_counter()
 
     prefix = f"{spec.name}:"
@@ -97,7 +100,7 @@ def source_diff_tick(context: dg.SensorEvaluationContext, spec: SourceSpec, sour
         requests.append(dg.RunRequest(
             run_key=f"{key}|{p.attempt_token}", partition_key=key, job_name=ingest_job_name,
             run_config={"ops": {"document_markdown": {"config": {"listing": json.dumps(document_to_json(p.doc))}}}},
-            tags={SOURCE_TAG: spec.name, "rag/decision": p.decision}))
+            tags={SOURCE_TAG: spec.name, "rag/decision": p.decision.value}))
 
     why = None
     if diff.vanished or not diff.guard.passed:
@@ -128,7 +131,7 @@ def source_diff_tick(context: dg.SensorEvaluationContext, spec: SourceSpec, sour
         f"tick {time.perf_counter() - started:.2f}s")
     # Documents still waiting for a run slot are not in the next feed page: keep reading from the old
     # position (or keep doing full listings) until every listed document has been requested.
-    feed = diff.next_cursor if waiting == 0 else cursor.get("feed")
+    feed = cursor.get("feed") if waiting or not diff.complete else diff.next_cursor
     new_cursor = json.dumps({"feed": feed, "listed": diff.listed, "waiting": waiting, "at": round(time.time(), 3)})
     if not requests and not partition_requests:
         return dg.SensorResult(skip_reason=f"{diff.listed} listed, nothing to do", cursor=new_cursor)

@@ -1,0 +1,1 @@
+"""Operator definitions: the retry job and the daily dead-letter report."""

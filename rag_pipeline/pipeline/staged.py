@@ -1,0 +1,142 @@
+"""The per-document steps run one at a time, with the work staged in PostgreSQL between them.
+
+This is how the Dagster assets ``document_markdown`` -> ``document_chunks`` -> ``document_embeddings`` run
+``pipeline.steps`` (plain Python: tests call it without Dagster). Each function holds the locks of a
+per-document step (``pipeline.locks.document_step``), calls the same step function the in-memory route
+calls, and moves its result through ``store.staging``. Outcomes are ``DocumentOutcome`` (the document
+ended in this step) or ``Prepared`` (handed to the next step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from rag_pipeline.embedding.base import Embedder
+from rag_pipeline.pipeline import steps
+from rag_pipeline.pipeline.locks import document_step
+from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
+from rag_pipeline.pipeline.plan import IDLE, Decision, plan_document
+from rag_pipeline.pipeline.steps import Prepared, RunContext, Work
+from rag_pipeline.sources.base import Source, SourceDocument
+from rag_pipeline.store import staging
+from rag_pipeline.store.index import document_from_index, find_document
+
+
+def work_for(ctx: RunContext, doc: SourceDocument, *, model: str | None = None) -> Work:
+    """The work for one document asked for by id (a sensor's run, a UI materialization, a backfill): the
+    plan's decision against its row, where "nothing to do" becomes ``CHECK`` (someone asked: fetch and
+    compare)."""
+    i = find_document(ctx.conn, ctx.source, doc.source_id)
+    decision = plan_document(doc, i, ctx.settings, model=model)
+    return Work(doc, i, Decision.CHECK if decision in IDLE else decision)
+
+
+def document_for(ctx: RunContext, source: Source, source_id: str, listing: SourceDocument | None) -> SourceDocument:
+    """The listing passed with the run, else the document as the index knows it, else the source's own
+    listing entry (one full listing), else a bare id whose fetch then reports the problem."""
+    if listing is not None and listing.source_id == source_id:
+        return listing
+    i = find_document(ctx.conn, ctx.source, source_id)
+    if i is not None:
+        return document_from_index(i)
+    try:
+        found = next((d for d in source.list_documents().documents if d.source_id == source_id), None)
+    except Exception:  # noqa: BLE001 - the fetch below reports the problem on the document
+        found = None
+    return found or SourceDocument(source_id=source_id, title=source_id, uri="")
+
+
+def stage_markdown(ctx: RunContext, source: Source, doc: SourceDocument, *,
+                   model: str | None = None) -> Prepared | DocumentOutcome:
+    """``document_markdown``: fetch, hash, extract (``steps.fetch_and_extract``); stage the Markdown.
+    Extraction is reused from a stage of the same content."""
+    with document_step(ctx.conn, ctx.source, [doc.source_id]):
+        work = work_for(ctx, doc, model=model)
+
+        def staged(sha: str):
+            s = staging.load_stage(ctx.conn, work.indexed.id) if work.indexed else None
+            return s.extraction if s is not None and s.content_sha256 == sha else None
+
+        result = steps.fetch_and_extract(ctx, source, work, reuse=staged)
+        if isinstance(result, Prepared) and not result.reembed:
+            staging.save_stage(ctx.conn, result.document_id, content_sha256=result.sha, listing=result.work.doc,
+                               extraction=result.extraction)
+        elif isinstance(result, DocumentOutcome) and result.document_id is not None:
+            staging.clear_stage(ctx.conn, [result.document_id])
+        return result
+
+
+def _prepared(ctx: RunContext, source_id: str) -> tuple[Prepared | None, DocumentOutcome | None]:
+    i = find_document(ctx.conn, ctx.source, source_id)
+    if i is None or i.status == "deleted":
+        return None, DocumentOutcome(source_id, None, Action.UNCHANGED, i.status if i else None, "not in the index",
+                                     i.id if i else None)
+    staged = staging.load_stage(ctx.conn, i.id)
+    if staged is None:
+        return None, DocumentOutcome(source_id, i.title, Action.UNCHANGED, i.status, "nothing staged: no new content",
+                                     i.id, i.version, chunk_count=i.stored_chunks if i.status == "completed" else None)
+    work = Work(staged.listing, i, Decision.REPAIR if i.status == "completed" and staged.content_sha256 ==
+                i.content_sha256 else Decision.CHANGE)
+    return Prepared(work, i.id, staged.content_sha256, staged.extraction, time.perf_counter(), staged.chunks), None
+
+
+def stage_chunks(ctx: RunContext, source_id: str, embedder: Embedder) -> Prepared | DocumentOutcome:
+    """``document_chunks``: chunk the staged Markdown (``steps.chunk``) and stage the chunks."""
+    with document_step(ctx.conn, ctx.source, [source_id]):
+        p, done = _prepared(ctx, source_id)
+        if p is None:
+            return done
+        result = steps.chunk(ctx, replace(p, chunks=None), embedder)
+        if isinstance(result, Prepared):
+            staging.save_stage_chunks(ctx.conn, result.document_id, result.chunks or [])
+        else:
+            staging.clear_stage(ctx.conn, [p.document_id])
+        return result
+
+
+def write_embeddings(ctx: RunContext, source_ids: Sequence[str], embedder: Embedder, *,
+                     force: bool = False) -> dict[str, DocumentOutcome]:
+    """``document_embeddings``: embed and swap (``steps.embed_and_write``) every staged document of
+    ``source_ids``, re-embed completed ones whose chunks another model made (or all with ``force``) from
+    their stored chunk texts, then ingest the written documents' attachments (``steps.process``). One
+    outcome per id; attachments' outcomes are logged, not returned."""
+    ids = list(dict.fromkeys(source_ids))
+    out: dict[str, DocumentOutcome] = {}
+    with document_step(ctx.conn, ctx.source, ids):
+        ready: list[Prepared] = []
+        for sid in ids:
+            p, done = _prepared(ctx, sid)
+            if p is not None and p.chunks is not None:
+                ready.append(p)
+                continue
+            i = find_document(ctx.conn, ctx.source, sid)
+            if i is not None and i.status == "completed" and i.version > 0 and (
+                    force or (i.embedding_model or embedder.model_id) != embedder.model_id):
+                ready.append(steps.stored_version(ctx, Work(document_from_index(i), i, Decision.REEMBED),
+                                                  time.perf_counter()))
+            elif p is not None:  # Markdown staged but never chunked: the chunks step did not run
+                out[sid] = DocumentOutcome(sid, p.work.doc.title, Action.UNCHANGED, i.status if i else None,
+                                           "Markdown staged but not chunked yet", p.document_id)
+            else:
+                out[sid] = done or DocumentOutcome(sid, None, Action.UNCHANGED, None, "not in the index")
+                if i is not None and i.status == "completed":
+                    out[sid].reason, out[sid].model = "embeddings up to date", i.embedding_model
+        children: list[Work] = []
+        for p, outcome in steps.embed_and_write(ctx, ready, embedder):
+            out[p.work.doc.source_id] = outcome
+            if outcome.status == "completed":
+                staging.clear_stage(ctx.conn, [p.document_id])
+                children += steps.attachments(ctx, p)
+        if children:
+            steps.process(ctx, None, children, embedder)
+    return {sid: out[sid] for sid in ids}
+
+
+def purge_deletions(ctx: RunContext) -> list[DocumentOutcome]:
+    """``purge_deleted_documents``: tombstone the source's pending deletions that are still valid
+    (``store.staging.claim_pending_deletions``) with ``steps.delete``, under the documents' locks."""
+    claimed = staging.claim_pending_deletions(ctx.conn, ctx.source)
+    with document_step(ctx.conn, ctx.source, [i.source_id for i in claimed]):
+        return steps.delete(ctx, claimed)
