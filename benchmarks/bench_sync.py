@@ -74,21 +74,23 @@ def main() -> None:
         full_s, full = timed(lambda: sync_source(source, store, embedder, settings))
         noop_s, noop = timed(lambda: sync_source(source, store, embedder, settings))
         env = {**os.environ, "RAG_DATABASE_URL": settings.database_url}
-        proc_s, proc = timed(lambda: subprocess.run(
-            [str(REPO / ".venv/bin/rag-pipeline"), "sync", str(folder)], env=env, capture_output=True, text=True))
-        print(f"\n## {name}: {len([d for d in full.documents])} documents, load {embedder.load_seconds or 0:.2f} s "
+        procs = [timed(lambda: subprocess.run([str(REPO / ".venv/bin/rag-pipeline"), "sync", str(folder)], env=env,
+                                              capture_output=True, text=True)) for _ in range(3)]
+        proc_s, proc = min(procs, key=lambda p: p[0])  # best of 3: start-up cost without the machine's noise
+        print(f"\n## {name}: {len(full.documents)} documents, load {embedder.load_seconds or 0:.2f} s "
               f"(bf16={embedder.bf16})")
         print(f"full sync                            {full_s:8.2f} s   embedded {full.embedded}"
               f"   = {full_s / floor_s:.2f}x floor" if name == "bench-corpus" else
               f"full sync                            {full_s:8.2f} s   embedded {full.embedded}")
         print(f"no-op re-sync (in-process)           {noop_s:8.3f} s   embedded {noop.embedded}"
               f"   = {noop_s / full_s:.4f}x full")
-        print(f"no-op re-sync (rag-pipeline process) {proc_s:8.2f} s   exit {proc.returncode}")
+        print(f"no-op re-sync (rag-pipeline process) {proc_s:8.2f} s   exit {proc.returncode} (best of 3; "
+              f"all: {', '.join(f'{p[0]:.2f}' for p in procs)})")
         if name == "bench-corpus":
             target = folder / "synth" / "synth-0100.txt"
             target.write_text(target.read_text() + "\n\nA new closing paragraph about reconciliation and tombstones.\n")
             one_s, one = timed(lambda: sync_source(source, store, embedder, settings))
-            changed = [d for d in one.documents if d.action != "skipped-unchanged"]
+            changed = [d for d in one.documents if d.action.value != "skipped-unchanged"]
             print(f"one document changed                 {one_s:8.2f} s   embedded {one.embedded} chunk(s), "
                   f"{len(changed)} document(s) touched: {[d.source_id for d in changed]}"
                   f"   = {one_s / full_s:.4f}x full")

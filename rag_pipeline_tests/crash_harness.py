@@ -1,23 +1,32 @@
-"""Crash-safety harness: run a sync in another process, SIGKILL it at a chosen point, and keep a folder
-of tiny documents changing between runs (with the history of every content each path ever had).
+"""Crash-safety harness: run one pass of a caller (a *route*, ``routes.py``) in another process, SIGKILL it
+at a chosen point, and keep a folder of tiny documents changing between runs (with the history of every
+content each path ever had).
 
-Two ways to run one sync in its own process, both killed the same way (``RAG_FAULT_INJECT=<point>@<n>:kill``
+Routes: ``cli`` (``pipeline.sync.sync_source``) and ``dagster`` (the diff sensor's plan and one in-process
+run of the per-document assets per document, then the inventory + guarded purge; its Dagster instance is
+a SQLite directory the parent and every child share, one after another, as the processes of a
+deployment share one instance).
+
+Two ways to run one pass in its own process, both killed the same way (``RAG_FAULT_INJECT=<point>@<n>:kill``
 makes the process SIGKILL itself at that checkpoint: no clean-up, no rollback from the client, an
-open transaction left to PostgreSQL):
+open transaction left to PostgreSQL; for the Dagster route also a run left ``STARTED``):
 
 * ``run_sync_subprocess``: a fresh interpreter, either the real CLI (``python -m rag_pipeline.cli
-  sync FOLDER``, through the Dagster job) or this module as a script (``python -m
-  rag_pipeline_tests.crash_harness FOLDER --name NAME``: ``Settings()`` from the environment,
-  ``Store``, the default embedder, ``LocalFolderSource``, ``sync_source``; exit code = the report's).
-  Each pays ~5-8 s of imports and model loading on 2 cores.
-* ``Zygote``: one interpreter imports the pipeline, torch and sentence-transformers once, then forks
-  a child per run (fork happens before any model is loaded or any tensor computed, so no thread
-  pools are inherited); the child sets the run's environment, loads the model if the run gets as
-  far as embedding, and runs the same ``main``. A kill then costs ~1-2 s instead of ~8 s.
+  sync FOLDER``) or this module as a script (``python -m rag_pipeline_tests.crash_harness FOLDER --name
+  NAME [--route dagster --instance DIR]``: ``Settings()`` from the environment, ``Store``, the default
+  embedder, ``LocalFolderSource``, the route; exit code = the route's). Each pays ~5-8 s of imports and
+  model loading on 2 cores.
+* ``Zygote``: one interpreter imports the pipeline, Dagster, torch and sentence-transformers once, then
+  forks a child per run (fork happens before any model is loaded, any tensor computed or any Dagster
+  instance opened, so no thread pools or connections are inherited); the child sets the run's
+  environment, loads the model if the run gets as far as embedding, and runs the same ``main``. A kill
+  then costs ~1-2 s instead of ~8 s.
 
-Kill points are ``rag_pipeline.faults`` checkpoints, grouped by the phase they interrupt
-(``PHASES``); ``choose_fault`` picks one with seeded randomness, and an occurrence number within the
-work the run has to do, so kills land in the middle of a run, not only at its first document.
+Kill points are ``rag_pipeline.faults`` checkpoints, grouped by the phase they interrupt (``PHASES``);
+``points_for(route)`` are those a route passes through (the ``sync.*`` points are ``sync_source``'s
+own, so they apply to the CLI route only). ``fault_at`` makes a ``RAG_FAULT_INJECT`` value for one point
+with an occurrence number within the work the run has to do (seeded), so kills land in the middle of a
+run, not only at its first document; ``choose_fault`` picks the point too.
 """
 
 from __future__ import annotations
@@ -46,16 +55,40 @@ MARKER_RE = re.compile(r"\bmk[a-z]{8}\b")
 #: deletes something.
 PHASES: dict[str, list[tuple[str, str]]] = {
     "listing": [("sync.after_start", "once"), ("sync.after_listing", "once")],
-    "extraction": [("sync.after_fetch", "per_document"), ("sync.after_extract", "per_document")],
-    "embedding": [("embed.before", "per_batch"), ("sync.after_embed", "per_batch")],
+    "extraction": [("pipeline.after_fetch", "per_document"), ("pipeline.after_extract", "per_document")],
+    "embedding": [("embed.before", "per_batch"), ("pipeline.after_embed", "per_batch")],
     "write": [("write.after_delete", "per_document"), ("write.after_insert", "per_document")],
     "commit": [("write.before_commit", "per_document"), ("write.tombstone_before_commit", "deletions"),
-               ("sync.before_delete", "deletions"), ("sync.before_cursor", "once")],
+               ("pipeline.before_delete", "deletions"), ("sync.before_cursor", "once")],
 }
 
+#: checkpoints only ``sync_source`` passes through (the Dagster route never calls it).
+CLI_ONLY = frozenset({"sync.after_start", "sync.after_listing", "sync.before_cursor"})
+
+ROUTE_NAMES = ("cli", "dagster")
+
+
+def points_for(route: str) -> list[str]:
+    """The kill points ``route`` passes through, in ``PHASES`` order."""
+    if route not in ROUTE_NAMES:
+        raise ValueError(f"unknown route {route!r}")
+    return [p for phase in PHASES.values() for p, _ in phase if route == "cli" or p not in CLI_ONLY]
+
+
+def point_kind(point: str) -> str:
+    """How often ``point`` is hit: ``once`` | ``per_document`` | ``per_batch`` | ``deletions``."""
+    return next(kind for phase in PHASES.values() for p, kind in phase if p == point)
+
+
+def point_phase(point: str) -> str:
+    """The ``PHASES`` key of ``point``."""
+    return next(name for name, phase in PHASES.items() if any(p == point for p, _ in phase))
+
+
 #: settings of every run (subprocess and in-process alike): small chunks so tiny files still have
-#: several, small batches so a run commits some documents before it is killed.
-RUN_SETTINGS = {"chunk_size": 300, "chunk_overlap": 50, "sync_batch_documents": 3}
+#: several, small batches so a run commits some documents before it is killed, and failed documents
+#: retried on the next run (no backoff: the tests converge in one more run).
+RUN_SETTINGS = {"chunk_size": 300, "chunk_overlap": 50, "sync_batch_documents": 3, "retry_backoff_s": 0}
 
 
 @dataclass(frozen=True)
@@ -87,20 +120,32 @@ def _base_env() -> dict[str, str]:
     return env
 
 
+def _argv(folder: Path | str, source_name: str, route: str, instance_dir: str | None) -> list[str]:
+    argv = [str(folder), "--name", source_name, "--route", route]
+    if route == "dagster":
+        if not instance_dir:
+            raise ValueError("the Dagster route needs the instance directory")
+        argv += ["--instance", str(instance_dir)]
+    return argv
+
+
 def run_sync_subprocess(folder: Path, database_url: str, source_name: str, fault: str | None, *,
-                        cli: bool = False, timeout_s: float = 300.0) -> RunResult:
-    """Run one sync of ``folder`` in a fresh interpreter with ``RAG_FAULT_INJECT=fault`` (``None``:
-    no fault). ``cli=True`` runs ``python -m rag_pipeline.cli sync FOLDER`` (whose source name is
-    ``local:<absolute folder>``; ``source_name`` must be that). Raises ``subprocess.TimeoutExpired``
-    after ``timeout_s`` (the child is killed)."""
+                        cli: bool = False, route: str = "cli", instance_dir: str | None = None,
+                        timeout_s: float = 300.0) -> RunResult:
+    """Run one pass of ``route`` over ``folder`` in a fresh interpreter with ``RAG_FAULT_INJECT=fault``
+    (``None``: no fault). ``cli=True`` runs ``python -m rag_pipeline.cli sync FOLDER`` (whose source
+    name is ``local:<absolute folder>``; ``source_name`` must be that). The Dagster route needs
+    ``instance_dir``. Raises ``subprocess.TimeoutExpired`` after ``timeout_s`` (the child is killed)."""
     env = {**_base_env(), **run_env(database_url, fault)}
     if cli:
+        assert route == "cli", "the real CLI is the CLI route"
         assert source_name == f"local:{Path(folder).resolve()}", "the CLI names a folder source local:<path>"
         argv = [sys.executable, "-m", "rag_pipeline.cli", "sync", str(folder)]
     else:
-        argv = [sys.executable, "-m", "rag_pipeline_tests.crash_harness", str(folder), "--name", source_name]
+        argv = [sys.executable, "-m", "rag_pipeline_tests.crash_harness",
+                *_argv(folder, source_name, route, instance_dir)]
     started = time.perf_counter()
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(argv, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     return RunResult(fault, proc.returncode, time.perf_counter() - started, proc.stdout, proc.stderr)
 
 
@@ -139,11 +184,11 @@ class Zygote:
         return msg
 
     def run(self, folder: Path, database_url: str, source_name: str, fault: str | None, *,
-            timeout_s: float = 300.0) -> RunResult:
+            route: str = "cli", instance_dir: str | None = None, timeout_s: float = 300.0) -> RunResult:
         with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps({"folder": str(folder), "name": source_name, "log": log.name,
-                                              "env": run_env(database_url, fault)}) + "\n")
+            self.proc.stdin.write(json.dumps({"argv": _argv(folder, source_name, route, instance_dir),
+                                              "log": log.name, "env": run_env(database_url, fault)}) + "\n")
             self.proc.stdin.flush()
             started = time.perf_counter()
             pid = self._expect("pid", 30.0)["pid"]
@@ -173,11 +218,12 @@ class Zygote:
 
 def _zygote_main() -> int:
     """The zygote's loop: import once, then per request line fork a child that runs ``main``."""
-    import rag_pipeline.extraction  # noqa: F401 - imported once, shared by every child
-    import rag_pipeline.sync  # noqa: F401
     import sentence_transformers  # noqa: F401 - the bulk of the start-up cost; no model is loaded here
     import torch  # noqa: F401
 
+    import rag_pipeline.extraction  # imported once, shared by every child
+    import rag_pipeline.pipeline.sync  # noqa: F401
+    import rag_pipeline_tests.routes  # noqa: F401 - Dagster and the asset definitions; no instance opened
     from rag_pipeline.embedding import get_embedder  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
@@ -191,8 +237,8 @@ def _zygote_main() -> int:
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
                 os.environ.update(req["env"])
-                code = main([req["folder"], "--name", req["name"]])
-            except BaseException:  # noqa: BLE001 - report and exit, never return into the loop
+                code = main(req["argv"])
+            except BaseException:
                 import traceback
 
                 traceback.print_exc()
@@ -207,14 +253,24 @@ def _zygote_main() -> int:
     return 0
 
 
-def choose_fault(rng: random.Random, phase: str, *, documents: int, deletions: bool) -> str:
-    """A ``RAG_FAULT_INJECT`` value that SIGKILLs the run in ``phase``: a point of that phase and an
-    occurrence within the run's work (``documents`` to process; batches of ``RUN_SETTINGS``)."""
-    batches = max(1, math.ceil(documents / RUN_SETTINGS["sync_batch_documents"]))
-    options = [(p, kind) for p, kind in PHASES[phase] if kind != "deletions" or deletions]
-    point, kind = rng.choice(options)
+def fault_at(rng: random.Random, point: str, *, documents: int, route: str = "cli") -> str:
+    """A ``RAG_FAULT_INJECT`` value that SIGKILLs the run at ``point``, at an occurrence within the run's
+    work (``documents`` to process: one per document, or per embedding batch, which is
+    ``RUN_SETTINGS["sync_batch_documents"]`` documents for the CLI route and one document, its own run,
+    for the Dagster route)."""
+    size = RUN_SETTINGS["sync_batch_documents"] if route == "cli" else 1
+    batches = max(1, math.ceil(documents / size))
+    kind = point_kind(point)
     n = {"per_document": rng.randint(1, max(1, documents)), "per_batch": rng.randint(1, batches)}.get(kind, 1)
     return f"{point}@{n}:kill"
+
+
+def choose_fault(rng: random.Random, phase: str, *, documents: int, deletions: bool, route: str = "cli") -> str:
+    """``fault_at`` for a point of ``phase`` that ``route`` passes through (deletion points only when the
+    run has ``deletions`` to make), chosen with ``rng``."""
+    allowed = set(points_for(route))
+    options = [p for p, kind in PHASES[phase] if p in allowed and (kind != "deletions" or deletions)]
+    return fault_at(rng, rng.choice(options), documents=documents, route=route)
 
 
 class FolderModel:
@@ -257,11 +313,12 @@ class FolderModel:
     def paragraphs_of(self, rel: str) -> list[str]:
         return [p for p in (self.root / rel).read_text().split("\n\n") if p.strip()]
 
-    def mutate(self, *, allow_removal: bool) -> list[str]:
+    def mutate(self, *, allow_removal: bool, force_removal: bool = False) -> list[str]:
         """Change the folder as people do between two syncs; return what was done (for the log):
         2-4 documents changed (one paragraph rewritten, one appended, paragraphs swapped, or a revert
         to an earlier content), maybe one added, and when ``allow_removal`` maybe one deleted and/or
-        one moved (identical bytes under a new path)."""
+        one moved (identical bytes under a new path); ``force_removal`` (with ``allow_removal``): one
+        deleted for certain."""
         done = []
         for rel in self.rng.sample(self.paths(), k=min(len(self.paths()), self.rng.randint(2, 4))):
             paras = [p.strip() for p in self.paragraphs_of(rel)]
@@ -287,7 +344,7 @@ class FolderModel:
             done.append(f"add {rel}")
         if allow_removal:
             paths = self.paths()
-            if self.rng.random() < 0.5:
+            if force_removal or self.rng.random() < 0.5:
                 rel = self.rng.choice(paths)
                 (self.root / rel).unlink()
                 paths.remove(rel)
@@ -313,7 +370,8 @@ class FolderModel:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the subprocess: one sync of the folder; exit code = ``SyncReport.exit_code``."""
+    """Entry point of the subprocess: one pass of the route over the folder; exit code = the route's
+    (``RouteResult.exit_code``, ``SyncReport.exit_code`` for the CLI route)."""
     import argparse
 
     argv = sys.argv[1:] if argv is None else argv
@@ -322,19 +380,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder")
     parser.add_argument("--name", required=True)
+    parser.add_argument("--route", choices=ROUTE_NAMES, default="cli")
+    parser.add_argument("--instance", default=None, help="the Dagster instance directory (Dagster route)")
     args = parser.parse_args(argv)
 
     from rag_pipeline.config import Settings
     from rag_pipeline.embedding import get_embedder
     from rag_pipeline.sources.local import LocalFolderSource
     from rag_pipeline.store.db import Store
-    from rag_pipeline.sync import sync_source
+    from rag_pipeline_tests.routes import open_route
 
     settings = Settings()
-    report = sync_source(LocalFolderSource(args.folder, name=args.name), Store(settings.database_url),
-                         get_embedder(settings), settings)
-    print(json.dumps({"exit_code": report.exit_code, "counts": report.counts(), "embedded": report.embedded}))
-    return report.exit_code
+    with open_route(args.route, instance_dir=args.instance) as route:
+        result = route(LocalFolderSource(args.folder, name=args.name), Store(settings.database_url),
+                       get_embedder(settings), settings)
+    print(json.dumps({"route": args.route, "exit_code": result.exit_code, "actions": result.actions,
+                      "embedded": result.embedded}))
+    return result.exit_code
 
 
 if __name__ == "__main__":

@@ -2,9 +2,16 @@
 an embedder failing mid-batch, an exception at any checkpoint. After each: the invariant holds in SQL
 (``rag_pipeline.store.invariants``), and the next sync converges to exactly the folder's content.
 
-The SIGKILL test is randomized and seeded: the seed is printed (``-s`` or on failure) and can be
-replayed with ``RAG_CRASH_SEED=<seed>``; ``RAG_CRASH_KILLS`` sets how many kills (default 20) and
-``RAG_CRASH_PARALLEL`` how many independent folders are driven at once (default 2).
+The SIGKILL test runs on both callers (``routes.py``): the CLI route (``sync_source``) and the Dagster
+partition route (per-document asset runs, inventory + guarded purge), each killed at every checkpoint it
+passes through at least once, then at points spread over the phases.
+
+Seeds: the SIGKILL test (and the seeded folders of the other tests) use ``FIXED_SEED`` unless
+``RAG_CRASH_SEED`` is set: CI always replays the same kills. ``RAG_CRASH_SEED=<int>`` replays a given
+seed (it is printed, with ``-s`` or on failure); ``RAG_CRASH_SEED=random`` draws a new one (printed, so
+a failure can be replayed). ``RAG_CRASH_KILLS`` sets the kills of the CLI route (default 20),
+``RAG_CRASH_KILLS_DAGSTER`` those of the Dagster route (default 10; never fewer than its kill points),
+``RAG_CRASH_PARALLEL`` how many independent folders are driven at once per route (default 2).
 """
 
 from __future__ import annotations
@@ -22,25 +29,46 @@ import pytest
 from rag_pipeline import faults
 from rag_pipeline.config import Settings
 from rag_pipeline.embedding.base import EmbeddingError
+from rag_pipeline.pipeline.sync import EXIT_DOCUMENT_FAILURES, EXIT_OK, sync_source
 from rag_pipeline.retrieval import query
 from rag_pipeline.sources.local import LocalFolderSource
 from rag_pipeline.store import Store, migrate
 from rag_pipeline.store.invariants import check_against_listing, check_index
-from rag_pipeline.sync import EXIT_DOCUMENT_FAILURES, EXIT_OK, sync_source
 from rag_pipeline_tests.conftest import new_database
 from rag_pipeline_tests.crash_harness import (
     MARKER_RE,
     PHASES,
+    ROUTE_NAMES,
     RUN_SETTINGS,
     FolderModel,
     Zygote,
     choose_fault,
+    fault_at,
+    point_kind,
+    point_phase,
+    points_for,
     run_sync_subprocess,
 )
 from rag_pipeline_tests.invariant_fakes import CountingEmbedder, document
+from rag_pipeline_tests.routes import open_route
 
-SEED = int(os.environ.get("RAG_CRASH_SEED") or random.SystemRandom().randrange(2**31))
-KILLS = int(os.environ.get("RAG_CRASH_KILLS", "20"))
+FIXED_SEED = 20240917
+"""The seed CI runs with (``RAG_CRASH_SEED`` unset)."""
+
+
+def crash_seed(environ=os.environ) -> int:
+    """``RAG_CRASH_SEED``: unset or empty -> ``FIXED_SEED``; ``random`` -> a fresh seed; else that integer."""
+    raw = (environ.get("RAG_CRASH_SEED") or "").strip()
+    if not raw:
+        return FIXED_SEED
+    if raw.lower() == "random":
+        return random.SystemRandom().randrange(2**31)
+    return int(raw)
+
+
+SEED = crash_seed()
+KILLS = {"cli": int(os.environ.get("RAG_CRASH_KILLS", "20")),
+         "dagster": int(os.environ.get("RAG_CRASH_KILLS_DAGSTER", "10"))}
 PARALLEL = max(1, int(os.environ.get("RAG_CRASH_PARALLEL", "2")))
 
 pytestmark = pytest.mark.slow
@@ -92,73 +120,105 @@ def _work_left(store: Store, name: str, listing: dict[str, str]) -> tuple[int, i
     return work, gone
 
 
-def _kill_scenario(index: int, kills_wanted: int, tmp_path: Path, url: str, embedder,
-                   in_process: threading.Lock) -> tuple[Counter, list[str]]:
-    """Drive one folder through ``kills_wanted`` SIGKILLs; return kills by phase and a run log."""
-    rng = random.Random(SEED * 100 + index)
+def _kill_scenario(route_name: str, index: int, kills_wanted: int, must_cover: list[str], tmp_path: Path, url: str,
+                   embedder, in_process: threading.Lock) -> tuple[Counter, list[str]]:
+    """Drive one folder through ``kills_wanted`` SIGKILLs of ``route_name``, first one at each point of
+    ``must_cover``; return kills by point and a run log."""
+    rng = random.Random(SEED * 100 + 10 * ROUTE_NAMES.index(route_name) + index)
     store, settings = Store(url), _settings(url)
-    folder = FolderModel(tmp_path / f"folder{index}", rng, documents=12)
+    folder = FolderModel(tmp_path / f"{route_name}{index}", rng, documents=12)
     source = LocalFolderSource(folder.root)  # named local:<absolute path>, as the CLI names it
     name = source.name
+    instance_dir = str(tmp_path / f"dagster-{index}") if route_name == "dagster" else None
+    tag = f"seed {SEED} {route_name} scenario {index}"
     log: list[str] = []
-
-    def converge(context: str) -> None:
-        with in_process:  # one in-process sync at a time (shared model and extraction worker)
-            report = sync_source(source, store, embedder, settings)
-        assert report.exit_code == EXIT_OK, (context, report.counts(), [(d.source_id, d.reason) for d in report.failed])
-        assert_converged(store, name, folder, context)
-
-    converge(f"seed {SEED} scenario {index}: initial sync")
     kills: Counter = Counter()
-    total_kills = 0
-    rounds = 0
-    with Zygote() as zygote:
-        while total_kills < kills_wanted:
+    phases = [p for p in PHASES if any(point_phase(q) == p for q in points_for(route_name))]
+    todo = list(must_cover)
+    rng.shuffle(todo)
+    total_kills = rounds = interrupted_runs = 0
+
+    with open_route(route_name, instance_dir=instance_dir) as route, Zygote() as zygote:
+        def converge(context: str) -> None:
+            with in_process:  # one in-process pass at a time (shared model and extraction worker)
+                result = route(source, store, embedder, settings)
+            assert result.exit_code == EXIT_OK, (context, result.actions, result.failed)
+            assert_converged(store, name, folder, context)
+
+        converge(f"{tag}: initial sync")
+        while total_kills < kills_wanted or todo:
             rounds += 1
-            assert rounds <= 3 * kills_wanted, f"seed {SEED}: only {total_kills} kills landed in {rounds} runs: {log}"
+            assert rounds <= 3 * (kills_wanted + len(must_cover)), \
+                f"{tag}: only {total_kills} kills landed in {rounds} runs, {todo} never reached: {log}"
+            target = todo[0] if todo else None
             _, pending_deletions = _work_left(store, name, folder.listing())
-            changes = folder.mutate(allow_removal=pending_deletions == 0)
+            changes = folder.mutate(allow_removal=pending_deletions == 0,
+                                    force_removal=target is not None and point_kind(target) == "deletions")
             work, deletions = _work_left(store, name, folder.listing())
-            phase = min(PHASES, key=lambda p: (kills[p], rng.random()))
-            fault = choose_fault(rng, phase, documents=work, deletions=deletions > 0)
-            if rounds == 1:  # the first kill goes through the real CLI (Dagster job and all)
+            if target is not None and (point_kind(target) != "deletions" or deletions):
+                fault = fault_at(rng, target, documents=work, route=route_name)
+            else:  # every point covered (or no deletion to make): aim at the least-killed phase
+                phase = min(phases, key=lambda p: (sum(kills[q] for q in points_for(route_name)
+                                                       if point_phase(q) == p), rng.random()))
+                fault = choose_fault(rng, phase, documents=work, deletions=deletions > 0, route=route_name)
+            point = fault.split("@")[0]
+            fresh = route_name == "cli" and rounds == 1  # the first CLI kill goes through the real CLI
+            if fresh:
                 result = run_sync_subprocess(folder.root, url, name, fault, cli=True)
             else:
-                result = zygote.run(folder.root, url, name, fault)
-            context = (f"seed {SEED} scenario {index} round {rounds}: {fault} after {changes}; "
+                result = zygote.run(folder.root, url, name, fault, route=route_name, instance_dir=instance_dir)
+            context = (f"{tag} round {rounds}: {fault} after {changes}; "
                        f"rc {result.returncode}\n{result.stderr[-3000:]}")
-            log.append(f"{'cli ' if rounds == 1 else ''}{fault} rc={result.returncode} {result.seconds:.1f}s")
+            log.append(f"{'cli ' if fresh else ''}{fault} rc={result.returncode} {result.seconds:.1f}s")
             if result.killed:
-                kills[phase] += 1
+                kills[point] += 1
                 total_kills += 1
+                if point in todo:
+                    todo.remove(point)
             else:  # the point was not reached (e.g. no text needed embedding): the run must have ended well
                 assert result.returncode == EXIT_OK, context
+            if route_name == "dagster":
+                # What Dagster's run monitoring does: the killed process's run, and only it, was left
+                # STARTED; it is marked failed before anything else runs.
+                reaped = route.reap_interrupted()
+                assert reaped == (1 if result.killed else 0), context
+                interrupted_runs += reaped
             assert_crash_consistent(store, name, folder, context)
             if rng.random() < 0.35:  # otherwise the next kill lands on top of this one's leftovers
                 converge(context)
-    converge(f"seed {SEED} scenario {index}: final")
-    with store.connection() as conn:
-        interrupted = conn.execute("SELECT count(*) FROM sync_runs WHERE source = %s AND status = 'interrupted'",
-                                   (name,)).fetchone()[0]
-    assert interrupted == total_kills, f"seed {SEED}: every killed run's sync_runs row is closed as interrupted"
+        converge(f"{tag}: final")
+    if route_name == "cli":
+        with store.connection() as conn:
+            interrupted_runs = conn.execute(
+                "SELECT count(*) FROM sync_runs WHERE source = %s AND status = 'interrupted'", (name,)).fetchone()[0]
+    assert interrupted_runs == total_kills, f"{tag}: every killed run is closed as interrupted"
     return kills, log
 
 
-def test_sigkill_at_random_points_then_converge(tmp_path, pg_server, template_db, embedder):
-    print(f"\ncrash seed {SEED} (replay with RAG_CRASH_SEED={SEED}), {KILLS} kills, {PARALLEL} folders at once")
+@pytest.mark.parametrize("route_name", ROUTE_NAMES)
+def test_sigkill_at_random_points_then_converge(route_name, tmp_path, pg_server, template_db, embedder):
+    points = points_for(route_name)
+    wanted = max(KILLS[route_name], len(points))
+    print(f"\ncrash seed {SEED} (replay with RAG_CRASH_SEED={SEED}), route {route_name}: {wanted} kills "
+          f"({len(points)} points), {PARALLEL} folders at once")
     lock = threading.Lock()
-    shares = [KILLS // PARALLEL + (1 if i < KILLS % PARALLEL else 0) for i in range(PARALLEL)]
+    shares = [wanted // PARALLEL + (1 if i < wanted % PARALLEL else 0) for i in range(PARALLEL)]
     urls = [new_database(pg_server, template_db) for _ in range(PARALLEL)]
     with ThreadPoolExecutor(PARALLEL) as pool:
-        results = list(pool.map(lambda i: _kill_scenario(i, shares[i], tmp_path, urls[i], embedder, lock),
-                                range(PARALLEL)))
+        results = list(pool.map(
+            lambda i: _kill_scenario(route_name, i, shares[i], points[i::PARALLEL], tmp_path, urls[i], embedder, lock),
+            range(PARALLEL)))
     kills = sum((k for k, _ in results), Counter())
     for i, (_, log) in enumerate(results):
         print(f"scenario {i}: " + "; ".join(log))
-    print(f"kills by phase: {dict(kills)}")
-    assert sum(kills.values()) >= KILLS
-    # Kills are spread over the phases (each scenario aims at its least-killed phase next).
-    assert all(kills[p] >= KILLS // (2 * len(PHASES)) for p in PHASES), (SEED, dict(kills))
+    by_phase = Counter({p: sum(n for q, n in kills.items() if point_phase(q) == p) for p in PHASES})
+    print(f"kills by point: {dict(kills)}; by phase: {dict(by_phase)}")
+    assert sum(kills.values()) >= wanted
+    # Every point the route passes through was killed at least once ...
+    assert sorted(p for p in points if kills[p] == 0) == [], (SEED, dict(kills))
+    # ... and the kills are spread over the phases (each scenario aims at its least-killed phase next).
+    phases = {point_phase(p) for p in points}
+    assert all(by_phase[p] >= wanted // (2 * len(phases)) for p in phases), (SEED, dict(by_phase))
 
 
 # --- PostgreSQL stopped in the middle of a run ---------------------------------------------------------
@@ -170,6 +230,7 @@ def _pg_ctl(server, *args: str) -> None:
     pgexec("pg_ctl", ("-D", str(server.pgdata), *args), bin_path=server.bin_path, user=server.system_user, timeout=30)
 
 
+# CLI route only: it stops the server from inside ``sync_source``'s own transaction points, in-process.
 def test_postgres_stopped_mid_sync_then_restarted(tmp_path, embedder, monkeypatch):
     """A separate embedded server is stopped the way a crash would (``pg_ctl -m immediate``: no
     shutdown checkpoint, WAL recovery at restart) inside a document's swap transaction, then inside a
@@ -254,6 +315,7 @@ def test_postgres_stopped_mid_sync_then_restarted(tmp_path, embedder, monkeypatc
 # --- an embedder that fails in the middle of a batch ---------------------------------------------------
 
 
+# CLI route only: it is about ``sync_source``'s batches of 3 documents sharing one embedding call.
 @pytest.mark.parametrize("error", ["EmbeddingError", "RuntimeError"])
 def test_embedder_failing_mid_batch(error, tmp_path, database_url, store, embedder):
     """9 changed documents in batches of 3; the provider fails on the second batch after embedding
@@ -315,10 +377,11 @@ def assert_crash_consistent_after_failure(store: Store, name: str, folder: Folde
 
 
 #: checkpoints inside per-document error handling -> the prefix of the recorded reason
-CAUGHT_PER_DOCUMENT = {"sync.after_fetch": "", "sync.after_extract": "", "write.after_delete": "write failed: ",
+CAUGHT_PER_DOCUMENT = {"pipeline.after_fetch": "", "pipeline.after_extract": "", "write.after_delete": "write failed: ",
                        "write.after_insert": "write failed: ", "write.before_commit": "write failed: "}
 
 
+# CLI route only: it checks how ``sync_source`` itself reports each exception (report vs. raised).
 @pytest.mark.parametrize("point", [p for phase in PHASES.values() for p, _ in phase])
 def test_exception_at_checkpoint_leaves_a_consistent_index(point, tmp_path, database_url, store, embedder,
                                                           monkeypatch):

@@ -1,6 +1,11 @@
 """The sync invariants (issue 4): identity and change detection, chunk-level embedding reuse, deletion
 propagation and the deletion guard, completeness repair.
 
+Every invariant test runs on both callers of the per-document core (fixture ``route``, see
+``routes.py``): ``cli`` (``pipeline.sync.sync_source``) and ``dagster`` (the diff sensor's plan, one
+in-process run of the three per-document assets per document, the inventory + guarded purge assets).
+Outcomes are read back from ``ingest_log`` for both, so both are judged on the same truth.
+
 Real parts throughout: the embedded PostgreSQL, the real all-MiniLM-L6-v2 model (wrapped only to
 count the texts it is given), real extraction of generated Markdown files. Sources with stable ids,
 paged listings and change feeds are in-memory doubles of external APIs (``invariant_fakes``).
@@ -16,9 +21,10 @@ import numpy as np
 import pytest
 
 from rag_pipeline.config import Settings
+from rag_pipeline.pipeline.sync import EXIT_GUARD, EXIT_OK, sync_source
 from rag_pipeline.sources.local import LocalFolderSource
 from rag_pipeline.store.invariants import check_against_listing, check_index
-from rag_pipeline.sync import EXIT_GUARD, EXIT_OK, sync_source
+from rag_pipeline.store.staging import pending_deletions
 from rag_pipeline_tests.invariant_fakes import (
     CountingEmbedder,
     MemorySource,
@@ -33,6 +39,14 @@ from rag_pipeline_tests.invariant_fakes import (
     run_row,
     sha256,
 )
+from rag_pipeline_tests.routes import ROUTES, open_route, spec_name
+
+
+@pytest.fixture(params=ROUTES)
+def route(request):
+    """The caller under test: ``cli`` or ``dagster`` (a fresh Dagster instance per test)."""
+    with open_route(request.param) as r:
+        yield r
 
 
 @pytest.fixture
@@ -74,24 +88,24 @@ def assert_clean(store, source_name: str, listing: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("with_sha", [True, False], ids=["listing-has-sha", "listing-has-version-only"])
-def test_rename_under_stable_id_updates_metadata_only(with_sha, settings, store, counting, extract_calls):
+def test_rename_under_stable_id_updates_metadata_only(with_sha, route, settings, store, counting, extract_calls):
     rng = random.Random(11)
     src = MemorySource(with_sha=with_sha, with_version=True)
     for i in range(3):
         src.put(f"id{i}", f"{paragraph(marker(rng), rng)}\n".encode(), title=f"old{i}.md", uri=f"mem://a/old{i}.md")
-    first = sync_source(src, store, counting, settings)
-    assert first.exit_code == EXIT_OK and len(extract_calls) == 3
+    first = route(src, store, counting, settings)
+    assert first.exit_code == EXIT_OK and first.actions == {f"id{i}": "added" for i in range(3)}
+    assert len(extract_calls) == 3
     with store.connection() as conn:
         before = document(conn, src.name, "id1")
         chunks_before = chunks_of(conn, before["id"])
 
     src.rename("id1", "new-name.md", "mem://b/new-name.md")  # Drive-like: version bumps, bytes do not change
-    texts, fetches, extractions = len(counting.texts), len(src.fetches), len(extract_calls)
-    report = sync_source(src, store, counting, settings)
+    texts, calls, fetches, extractions = len(counting.texts), counting.calls, len(src.fetches), len(extract_calls)
+    report = route(src, store, counting, settings)
 
-    outcome = {d.source_id: d for d in report.documents}["id1"]
-    assert (outcome.action, outcome.status) == ("metadata-updated", "completed")
-    assert len(counting.texts) == texts and counting.calls == 1  # nothing re-embedded
+    assert report.actions == {"id1": "metadata-updated"} and report.outcomes["id1"].status == "completed"
+    assert (len(counting.texts), counting.calls) == (texts, calls)  # nothing re-embedded
     assert len(extract_calls) == extractions  # nothing re-extracted
     # Without a hash in the listing the sync must read the bytes once to learn that they are the same.
     assert src.fetches[fetches:] == ([] if with_sha else ["id1"])
@@ -105,15 +119,16 @@ def test_rename_under_stable_id_updates_metadata_only(with_sha, settings, store,
 
 
 @pytest.mark.parametrize("with_sha", [True, False], ids=["listing-has-sha", "listing-has-version-only"])
-def test_content_change_under_stable_id_makes_a_new_version(with_sha, settings, store, counting, extract_calls):
+def test_content_change_under_stable_id_makes_a_new_version(with_sha, route, settings, store, counting,
+                                                            extract_calls):
     rng = random.Random(12)
     src = MemorySource(with_sha=with_sha, with_version=True)
     old_marker, new_marker = marker(rng), marker(rng)
     src.put("k", f"{paragraph(old_marker, rng)}\n".encode())
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     src.put("k", f"{paragraph(new_marker, rng)}\n".encode())
-    report = sync_source(src, store, counting, settings)
-    assert [(d.action, d.status) for d in report.documents] == [("updated", "completed")]
+    report = route(src, store, counting, settings)
+    assert report.actions == {"k": "updated"} and report.outcomes["k"].status == "completed"
     assert len(extract_calls) == 2 and len(counting.texts) == 2
     with store.connection() as conn:
         row = document(conn, src.name, "k")
@@ -123,18 +138,18 @@ def test_content_change_under_stable_id_makes_a_new_version(with_sha, settings, 
     assert_clean(store, src.name, {"k": sha256(src.docs["k"].content)})
 
 
-def test_touched_file_with_same_bytes_is_metadata_only(tmp_path, settings, store, counting, extract_calls):
+def test_touched_file_with_same_bytes_is_metadata_only(tmp_path, route, settings, store, counting, extract_calls):
     """A new mtime (the source's own version) with identical bytes: no extraction, no embedding."""
     import os
 
     root = tmp_path / "docs"
     write_folder(root, 3, random.Random(13))
     src = LocalFolderSource(root)
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     os.utime(root / "doc01.md", (1_800_000_000, 1_800_000_000))
     extractions, texts = len(extract_calls), len(counting.texts)
-    report = sync_source(src, store, counting, settings)
-    assert {d.source_id: d.action for d in report.documents}["doc01.md"] == "metadata-updated"
+    report = route(src, store, counting, settings)
+    assert report.actions == {"doc01.md": "metadata-updated"}
     assert len(extract_calls) == extractions and len(counting.texts) == texts
     with store.connection() as conn:
         row = document(conn, src.name, "doc01.md")
@@ -143,11 +158,11 @@ def test_touched_file_with_same_bytes_is_metadata_only(tmp_path, settings, store
     assert_clean(store, src.name, listing_of(root))
 
 
-def test_local_move_with_same_bytes_reuses_embeddings(tmp_path, settings, store, counting):
+def test_local_move_with_same_bytes_reuses_embeddings(tmp_path, route, settings, store, counting):
     root = tmp_path / "docs"
     files = write_folder(root, 6, random.Random(14))
     src = LocalFolderSource(root)
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     with store.connection() as conn:
         old = document(conn, src.name, "doc03.md")
         old_chunks = chunks_of(conn, old["id"])
@@ -155,12 +170,12 @@ def test_local_move_with_same_bytes_reuses_embeddings(tmp_path, settings, store,
     (root / "doc03.md").rename(root / "archive" / "moved.md")
 
     texts, calls = len(counting.texts), counting.calls
-    report = sync_source(src, store, counting, settings)
+    report = route(src, store, counting, settings)
 
-    by_id = {d.source_id: d for d in report.documents}
-    assert (by_id["archive/moved.md"].action, by_id["archive/moved.md"].embedded) == ("added", 0)
-    assert by_id["archive/moved.md"].reused == len(old_chunks)
-    assert by_id["doc03.md"].action == "deleted" and report.deleted == ["doc03.md"]
+    by_id = report.outcomes
+    assert report.actions == {"archive/moved.md": "added", "doc03.md": "deleted"}
+    assert (by_id["archive/moved.md"].embedded, by_id["archive/moved.md"].reused) == (0, len(old_chunks))
+    assert report.deleted == ["doc03.md"]
     assert (len(counting.texts), counting.calls, report.embedded) == (texts, calls, 0)  # 0 new texts
     with store.connection() as conn:
         new = document(conn, src.name, "archive/moved.md")
@@ -174,23 +189,24 @@ def test_local_move_with_same_bytes_reuses_embeddings(tmp_path, settings, store,
     assert_clean(store, src.name, listing_of(root))
 
 
-def test_local_move_that_trips_the_guard_keeps_both_copies(tmp_path, settings, store, counting):
+def test_local_move_that_trips_the_guard_keeps_both_copies(tmp_path, route, settings, store, counting):
     """Moving 1 of 2 files would delete 50% (> 20%): the new path is indexed (never 0 chunks), the
     old one is kept until an override, and the run says so."""
     root = tmp_path / "docs"
     write_folder(root, 2, random.Random(15))
     src = LocalFolderSource(root)
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     (root / "sub").mkdir()
     (root / "doc00.md").rename(root / "sub" / "doc00.md")
-    report = sync_source(src, store, counting, settings)
+    report = route(src, store, counting, settings)
     assert report.exit_code == EXIT_GUARD and report.deleted == [] and report.embedded == 0
+    assert report.actions == {"sub/doc00.md": "added"}
     with store.connection() as conn:
         moved, old = document(conn, src.name, "sub/doc00.md"), document(conn, src.name, "doc00.md")
         assert moved["status"] == old["status"] == "completed"
         assert moved["stored"] == moved["expected_chunk_count"] == old["stored"] > 0
         assert check_index(conn) == []
-    override = sync_source(src, store, counting, settings, allow_mass_delete=True)
+    override = route(src, store, counting, settings, allow_mass_delete=True)
     assert override.deleted == ["doc00.md"] and override.exit_code == EXIT_OK
     assert_clean(store, src.name, listing_of(root))
 
@@ -198,7 +214,7 @@ def test_local_move_that_trips_the_guard_keeps_both_copies(tmp_path, settings, s
 # --- 2. chunk-level embedding reuse ------------------------------------------------------------------
 
 
-def test_new_version_embeds_only_new_chunk_texts(tmp_path, database_url, store, counting):
+def test_new_version_embeds_only_new_chunk_texts(tmp_path, route, database_url, store, counting):
     settings = Settings(database_url=database_url, chunk_overlap=0)
     rng = random.Random(21)
     root = tmp_path / "docs"
@@ -206,8 +222,8 @@ def test_new_version_embeds_only_new_chunk_texts(tmp_path, database_url, store, 
     paras = [paragraph(marker(rng), rng, 110) for _ in range(4)]  # ~800 characters: one chunk each
     (root / "report.md").write_text("\n\n".join(paras) + "\n")
     src = LocalFolderSource(root)
-    first = sync_source(src, store, counting, settings)
-    assert first.documents[0].chunk_count == 4 and len(counting.texts) == 4
+    first = route(src, store, counting, settings)
+    assert first.outcomes["report.md"].chunk_count == 4 and len(counting.texts) == 4
     with store.connection() as conn:
         v1 = {text: vec for _, _, _, text, vec in chunks_of(conn, document(conn, src.name, "report.md")["id"])}
 
@@ -216,12 +232,13 @@ def test_new_version_embeds_only_new_chunk_texts(tmp_path, database_url, store, 
     (root / "report.md").write_text("\n\n".join(paras) + "\n")
     (root / "copy.md").write_text(paras[0] + "\n")  # a duplicate paragraph in another document
     before = len(counting.texts)
-    report = sync_source(src, store, counting, settings)
+    report = route(src, store, counting, settings)
 
     new_texts = counting.texts[before:]
     assert len(new_texts) == 1 and new_marker in new_texts[0]
-    by_id = {d.source_id: d for d in report.documents}
-    assert (by_id["report.md"].action, by_id["report.md"].embedded, by_id["report.md"].reused) == ("updated", 1, 3)
+    by_id = report.outcomes
+    assert report.actions == {"copy.md": "added", "report.md": "updated"}
+    assert (by_id["report.md"].embedded, by_id["report.md"].reused) == (1, 3)
     assert (by_id["copy.md"].embedded, by_id["copy.md"].reused) == (0, 1)
     with store.connection() as conn:
         rows = chunks_of(conn, document(conn, src.name, "report.md")["id"])
@@ -237,20 +254,20 @@ def test_new_version_embeds_only_new_chunk_texts(tmp_path, database_url, store, 
 # --- 3. deletion propagation and the guard -----------------------------------------------------------
 
 
-def test_change_feed_tombstone_deletes_the_document(settings, store, counting):
+def test_change_feed_tombstone_deletes_the_document(route, settings, store, counting):
     rng = random.Random(31)
     src = MemorySource(with_feed=True)
     for i in range(10):
         src.put(f"z{i}", f"{paragraph(marker(rng), rng)}\n".encode())
-    first = sync_source(src, store, counting, settings)
+    first = route(src, store, counting, settings)
     assert first.mode == "full" and first.exit_code == EXIT_OK
     src.delete("z4")
     src.put("z7", f"{paragraph(marker(rng), rng)}\n".encode())
     fetched = len(src.fetches)
-    report = sync_source(src, store, counting, settings)
+    report = route(src, store, counting, settings)
     assert report.mode == "changes" and report.deleted == ["z4"] and report.exit_code == EXIT_OK
     assert src.fetches[fetched:] == ["z7"]  # the feed named one upsert: nothing else was read
-    assert {d.source_id: d.action for d in report.documents} == {"z4": "deleted", "z7": "updated"}
+    assert report.actions == {"z4": "deleted", "z7": "updated"}
     with store.connection() as conn:
         row = document(conn, src.name, "z4")
         assert (row["status"], row["all_chunks"], row["deleted_at"] is not None) == ("deleted", 0, True)
@@ -258,50 +275,70 @@ def test_change_feed_tombstone_deletes_the_document(settings, store, counting):
     assert_clean(store, src.name, {sid: sha256(d.content) for sid, d in src.docs.items()})
 
 
-def test_change_feed_mass_tombstones_trip_the_guard_and_are_not_lost(settings, store, counting):
+def _feed_cursor(route, store, src) -> str | None:
+    """Where the caller will read the change feed from next: the CLI's ``source_cursors`` row, the
+    sensor's cursor (its ``feed``) for the Dagster route."""
+    if route.name == "dagster":
+        return route.cursors.get(spec_name(src))
+    with store.connection() as conn:
+        row = conn.execute("SELECT cursor FROM source_cursors WHERE source = %s", (src.name,)).fetchone()
+    return row[0] if row else None
+
+
+def test_change_feed_mass_tombstones_trip_the_guard_and_are_not_lost(route, settings, store, counting):
     """3 tombstones of 10 documents (30% > 20%): nothing deleted, alert, exit 2, and the cursor stays
-    where it was, so the override run still sees the tombstones and applies them."""
+    where it was, so the next run still sees the tombstones (and alerts again) and the override applies
+    them."""
     rng = random.Random(32)
     src = MemorySource(with_feed=True)
     for i in range(10):
         src.put(f"z{i}", f"{paragraph(marker(rng), rng)}\n".encode())
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     for sid in ("z1", "z2", "z3"):
         src.delete(sid)
     notifier = RecordingNotifier()
-    report = sync_source(src, store, counting, settings, notifier=notifier)
+    report = route(src, store, counting, settings, notifier=notifier)
     assert report.mode == "changes" and report.exit_code == EXIT_GUARD and report.deleted == []
-    assert report.guard.reason == "would delete 3 of 10 documents (30%), more than the allowed 20%: nothing deleted"
+    assert report.guard.reason == ("would delete 3 of 10 documents (30%), more than the allowed 20%: nothing "
+                                   "deleted (if that is right: --confirm-delete 3)")
     assert len(notifier.of("deletion_guard")) == 1
     with store.connection() as conn:
         assert all(document(conn, src.name, s)["status"] == "completed" for s in ("z1", "z2", "z3"))
-        assert conn.execute("SELECT cursor FROM source_cursors WHERE source = %s", (src.name,)).fetchone()[0] == "10"
+    assert _feed_cursor(route, store, src) == "10"  # not past the held-back tombstones
 
-    again = sync_source(src, store, counting, settings, notifier=notifier)  # not lost, still guarded
-    assert again.exit_code == EXIT_GUARD and again.deleted == []
-    override = sync_source(src, store, counting, settings, allow_mass_delete=True, notifier=notifier)
-    assert override.exit_code == EXIT_OK and sorted(override.deleted) == ["z1", "z2", "z3"]
+    again = route(src, store, counting, settings, notifier=notifier)  # not lost, still guarded
+    assert again.exit_code == EXIT_GUARD and again.deleted == [] and len(notifier.of("deletion_guard")) == 2
+    override = route(src, store, counting, settings, allow_mass_delete=True, notifier=notifier)
+    assert override.exit_code == EXIT_OK and override.deleted == ["z1", "z2", "z3"]
     assert_clean(store, src.name, {sid: sha256(d.content) for sid, d in src.docs.items()})
 
 
-def test_full_reconciliation_deletes_what_left_the_folder(tmp_path, settings, store, counting):
+def test_full_reconciliation_deletes_what_left_the_folder(tmp_path, route, settings, store, counting):
     root = tmp_path / "docs"
     write_folder(root, 6, random.Random(33))
     src = LocalFolderSource(root)
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     (root / "doc02.md").unlink()
-    report = sync_source(src, store, counting, settings)
+    report = route(src, store, counting, settings)
     assert report.deleted == ["doc02.md"] and report.exit_code == EXIT_OK and report.guard.passed
+    assert report.actions == {"doc02.md": "deleted"}
     assert_clean(store, src.name, listing_of(root))
 
 
-def _assert_guard_tripped(store, report, notifier: RecordingNotifier, reason: str, live_before: int) -> None:
-    """Nothing deleted; the report, the exit code, the ``sync_runs`` row and one alert all say why."""
+def _assert_guard_tripped(route, store, report, notifier: RecordingNotifier, reason: str, live_before: int) -> None:
+    """Nothing deleted; the result, the exit code, the caller's own record (the ``sync_runs`` row; the
+    inventory run failed by its blocking ``deletion_guard`` check, no pending deletion recorded) and one
+    alert all say why."""
     assert report.deleted == [] and report.exit_code == EXIT_GUARD
     assert not report.guard.passed and report.guard.reason == reason
+    assert all(r.action != "deleted" for r in report.rows)
     with store.connection() as conn:
-        run = run_row(conn, report.run_id)
-        assert (run["status"], run["guard_passed"], run["guard_reason"]) == ("guard_tripped", False, reason)
+        if route.name == "cli":
+            run = run_row(conn, report.report.run_id)
+            assert (run["status"], run["guard_passed"], run["guard_reason"]) == ("guard_tripped", False, reason)
+        else:
+            assert report.runs[-1] == ("inventory", None, False)  # the purge was not selected
+            assert pending_deletions(conn, report.source) == []
         live = conn.execute("SELECT count(*) FROM documents WHERE source = %s AND status <> 'deleted'",
                             (report.source,)).fetchone()[0]
         assert live == live_before
@@ -310,70 +347,77 @@ def _assert_guard_tripped(store, report, notifier: RecordingNotifier, reason: st
     assert len(alerts) == 1 and reason in alerts[0][1]
 
 
-def test_guard_empty_listing_deletes_nothing(tmp_path, settings, store, counting):
+EMPTY_5 = ("empty listing while the index holds 5 documents of this source: nothing deleted (a source really "
+           "emptied: --confirm-delete 5, or `rag-pipeline sources retire`)")
+
+
+def test_guard_empty_listing_deletes_nothing(tmp_path, route, settings, store, counting):
     root = tmp_path / "share"
     write_folder(root, 5, random.Random(34))
     src = LocalFolderSource(root)
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     for p in list(root.iterdir()):  # an unmounted share shows as an empty directory
         p.unlink()
     notifier = RecordingNotifier()
-    report = sync_source(src, store, counting, settings, notifier=notifier)
-    _assert_guard_tripped(store, report, notifier,
-                          "empty listing while the index holds 5 documents of this source: nothing deleted", 5)
+    report = route(src, store, counting, settings, notifier=notifier)
+    _assert_guard_tripped(route, store, report, notifier, EMPTY_5, 5)
     # The override of the fraction guard never overrides an empty listing.
     notifier2 = RecordingNotifier()
-    forced = sync_source(src, store, counting, settings, notifier=notifier2, allow_mass_delete=True)
-    _assert_guard_tripped(store, forced, notifier2,
-                          "empty listing while the index holds 5 documents of this source: nothing deleted", 5)
+    forced = route(src, store, counting, settings, notifier=notifier2, allow_mass_delete=True)
+    _assert_guard_tripped(route, store, forced, notifier2, EMPTY_5, 5)
+
+
+def _listings(route) -> int:
+    """Full listings one call makes: the Dagster route's inventory asset lists the source again."""
+    return 2 if route.name == "dagster" else 1
 
 
 @pytest.mark.parametrize("style", ["raise", "flag"])
-def test_guard_listing_fails_on_page_2_of_3(style, settings, store, counting):
+def test_guard_listing_fails_on_page_2_of_3(style, route, settings, store, counting):
     rng = random.Random(35)
     src = PagedSource(page_size=4)
     for i in range(10):
         src.put(f"p{i:02d}", f"{paragraph(marker(rng), rng)}\n".encode())
-    assert sync_source(src, store, counting, settings).exit_code == EXIT_OK
-    assert src.pages_requested == [1, 2, 3]
+    assert route(src, store, counting, settings).exit_code == EXIT_OK
+    assert src.pages_requested == [1, 2, 3]  # nothing vanished: the Dagster route ran no inventory
     src.fail_on_page, src.incomplete_style = 2, style
     src.pages_requested.clear()
     notifier = RecordingNotifier()
-    report = sync_source(src, store, counting, settings, notifier=notifier)
-    assert src.pages_requested == [1, 2]
-    reason = ("listing failed: listing failed part-way: connection reset while reading page 2: nothing deleted"
-              if style == "raise" else
+    report = route(src, store, counting, settings, notifier=notifier)
+    assert src.pages_requested == [1, 2] * _listings(route)
+    reason = ("listing incomplete (listing failed: listing failed part-way: connection reset while reading page 2): "
+              "nothing deleted" if style == "raise" else
               "listing incomplete (listing failed part-way: connection reset while reading page 2): nothing deleted")
-    _assert_guard_tripped(store, report, notifier, reason, 10)
+    _assert_guard_tripped(route, store, report, notifier, reason, 10)
 
 
-def test_guard_empty_page_with_next_link_keeps_paging(settings, store, counting):
+def test_guard_empty_page_with_next_link_keeps_paging(route, settings, store, counting):
     """Page 2 comes back empty but with a next token: the listing goes on to pages 3 and 4, so the one
     real deletion is applied and the six documents after the empty page are kept."""
     rng = random.Random(36)
     src = PagedSource(page_size=4)
     for i in range(11):
         src.put(f"p{i:02d}", f"{paragraph(marker(rng), rng)}\n".encode())
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     src.empty_pages = {2}
     src.delete("p00")
     src.pages_requested.clear()
     notifier = RecordingNotifier()
-    report = sync_source(src, store, counting, settings, notifier=notifier)
-    assert src.pages_requested == [1, 2, 3, 4]
+    report = route(src, store, counting, settings, notifier=notifier)
+    assert src.pages_requested == [1, 2, 3, 4] * _listings(route)
     assert report.exit_code == EXIT_OK and report.guard.passed and report.deleted == ["p00"]
     assert notifier.events == []
     assert_clean(store, src.name, {sid: sha256(d.content) for sid, d in src.docs.items()})
 
 
-def test_guard_source_that_stops_at_an_empty_page_is_caught_by_the_total(settings, store, counting):
+def test_guard_source_that_stops_at_an_empty_page_is_caught_by_the_total(route, settings, store, counting):
     """A listing that stops early (as a buggy client would at an empty page) comes up short of the
     announced total: incomplete, so nothing is deleted."""
     rng = random.Random(37)
     src = PagedSource(page_size=4)
     for i in range(10):
         src.put(f"p{i:02d}", f"{paragraph(marker(rng), rng)}\n".encode())
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     real_page = src._api_page
 
     def stops_at_empty(token):
@@ -383,23 +427,29 @@ def test_guard_source_that_stops_at_an_empty_page_is_caught_by_the_total(setting
     src._api_page = stops_at_empty
     src.empty_pages = {2}
     notifier = RecordingNotifier()
-    report = sync_source(src, store, counting, settings, notifier=notifier)
-    _assert_guard_tripped(store, report, notifier, "listing incomplete (listed 4 of 10 announced): nothing deleted", 10)
+    report = route(src, store, counting, settings, notifier=notifier)
+    _assert_guard_tripped(route, store, report, notifier,
+                          "listing incomplete (listed 4 of 10 announced): nothing deleted", 10)
 
 
-def test_guard_drop_of_60_percent(tmp_path, settings, store, counting):
+def test_guard_drop_of_60_percent(tmp_path, route, settings, store, counting):
     root = tmp_path / "docs"
     write_folder(root, 10, random.Random(38))
     src = LocalFolderSource(root)
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     for i in range(6):
         (root / f"doc{i:02d}.md").unlink()
     notifier = RecordingNotifier()
-    report = sync_source(src, store, counting, settings, notifier=notifier)
-    _assert_guard_tripped(store, report, notifier,
-                          "would delete 6 of 10 documents (60%), more than the allowed 20%: nothing deleted", 10)
-    assert notifier.of("deletion_guard")[0][2] == {"source": src.name, "listed": 4, "indexed": 10, "to_delete": 6}
-    override = sync_source(src, store, counting, settings, allow_mass_delete=True)
+    report = route(src, store, counting, settings, notifier=notifier)
+    _assert_guard_tripped(route, store, report, notifier,
+                          "would delete 6 of 10 documents (60%), more than the allowed 20%: nothing deleted "
+                          "(if that is right: --confirm-delete 6)", 10)
+    details = notifier.of("deletion_guard")[0][2]
+    # the inventory asset's alert also says the listing was complete
+    assert details == {"source": src.name, "listed": 4, "indexed": 10, "to_delete": 6,
+                       **({"complete": True} if route.name == "dagster" else {})}
+    assert (report.guard.listed, report.guard.indexed, report.guard.to_delete) == (4, 10, 6)
+    override = route(src, store, counting, settings, allow_mass_delete=True)
     assert override.exit_code == EXIT_OK and len(override.deleted) == 6
     assert_clean(store, src.name, listing_of(root))
 
@@ -407,7 +457,7 @@ def test_guard_drop_of_60_percent(tmp_path, settings, store, counting):
 # --- 4. completeness repair --------------------------------------------------------------------------
 
 
-def test_completed_document_with_missing_rows_is_repaired(tmp_path, database_url, store, counting):
+def test_completed_document_with_missing_rows_is_repaired(tmp_path, route, database_url, store, counting):
     settings = Settings(database_url=database_url, chunk_overlap=0)
     rng = random.Random(41)
     root = tmp_path / "docs"
@@ -415,7 +465,7 @@ def test_completed_document_with_missing_rows_is_repaired(tmp_path, database_url
     for name in ("a.md", "b.md", "c.md"):
         (root / name).write_text("\n\n".join(paragraph(marker(rng), rng, 110) for _ in range(3)) + "\n")
     src = LocalFolderSource(root)
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     with store.connection() as conn:
         a, b = document(conn, src.name, "a.md"), document(conn, src.name, "b.md")
         lost_a = conn.execute("DELETE FROM chunks WHERE document_id = %s AND ordinal = 1 RETURNING text",
@@ -427,12 +477,12 @@ def test_completed_document_with_missing_rows_is_repaired(tmp_path, database_url
             ("incomplete_completed", "a.md", "stored 2 rows, expected_chunk_count 3, chunk_count 3"),
             ("incomplete_completed", "b.md", "stored 0 rows, expected_chunk_count 3, chunk_count 3")]
     before = len(counting.texts)
-    report = sync_source(src, store, counting, settings)
+    report = route(src, store, counting, settings)
 
-    by_id = {d.source_id: d for d in report.documents}
-    assert {s: by_id[s].action for s in by_id} == {"a.md": "repaired", "b.md": "repaired", "c.md": "skipped-unchanged"}
+    assert report.actions == {"a.md": "repaired", "b.md": "repaired"}  # c.md is left alone
     # Only the texts whose rows were deleted are embedded again; a.md's two surviving chunks are reused.
     assert sorted(counting.texts[before:]) == sorted(t for (t,) in lost_a + lost_b)
+    assert (report.outcomes["a.md"].embedded, report.outcomes["b.md"].embedded) == (1, 3)
     with store.connection() as conn:
         for row, old in ((document(conn, src.name, "a.md"), a), (document(conn, src.name, "b.md"), b)):
             assert row["version"] == 2 and row["stored"] == row["expected_chunk_count"] == 3
@@ -440,21 +490,22 @@ def test_completed_document_with_missing_rows_is_repaired(tmp_path, database_url
     assert_clean(store, src.name, listing_of(root))
 
 
-def test_repair_also_runs_in_change_feed_mode(settings, store, counting):
+def test_repair_also_runs_in_change_feed_mode(route, settings, store, counting):
     """A change-feed sync only hears about changed documents; an incomplete one is found in the index."""
     rng = random.Random(42)
     src = MemorySource(with_feed=True)
     for i in range(3):
         src.put(f"f{i}", f"{paragraph(marker(rng), rng)}\n".encode())
-    sync_source(src, store, counting, settings)
+    route(src, store, counting, settings)
     with store.connection() as conn:
         conn.execute("DELETE FROM chunks WHERE document_id = %s", (document(conn, src.name, "f1")["id"],))
-    report = sync_source(src, store, counting, settings)
+    report = route(src, store, counting, settings)
     assert report.mode == "changes"
-    assert [(d.source_id, d.action) for d in report.documents] == [("f1", "repaired")]
+    assert report.actions == {"f1": "repaired"}
     assert_clean(store, src.name, {sid: sha256(d.content) for sid, d in src.docs.items()})
 
 
+# CLI only: this tests the checker itself (the index is broken by hand; the caller only sets it up).
 def test_check_index_reports_each_kind_of_violation(tmp_path, settings, store, counting):
     """The checker itself: break the index behind the sync's back, one rule at a time, and see each
     break reported with its kind (a checker that finds nothing would make every other test vacuous)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -372,14 +373,21 @@ def test_503_with_backoff_is_retried(server, lib_keys, shared_dir):
     assert inventory.complete and [r.status for r in server.api_requests()][:3] == [503, 503, 200]
 
 
-def test_backoff_on_a_success_delays_the_next_request(server, lib_keys, shared_dir):
+def test_backoff_on_a_success_delays_the_next_request(server, lib_keys, shared_dir, monkeypatch):
     server.faults.backoff_s = "5"
-    started = time.monotonic()
+    real_sleep, sleeps = time.sleep, []
+
+    def recording_sleep(seconds: float) -> None:  # which module asked to wait, and for how long
+        sleeps.append((sys._getframe(1).f_globals.get("__name__", ""), seconds))
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", recording_sleep)
     inventory = make_source(server, shared_dir, max_wait_s=0.1).list_documents()
-    elapsed = time.monotonic() - started
     assert inventory.complete
-    # 6 pages: 5 waits of min(5, 0.1) s; pyzotero's own (5 s, uncapped) wait never ran
-    assert 0.5 <= elapsed < 3.0
+    # 6 pages: before each of the 5 later requests one wait of at most min(5, 0.1) s
+    ours = [sec for module, sec in sleeps if module == "rag_pipeline.sources.zotero"]
+    assert len(ours) == 5 and all(0 < sec <= 0.1 for sec in ours), sleeps
+    assert not [m for m, _ in sleeps if m.startswith("pyzotero")]  # pyzotero's own (5 s, uncapped) wait never ran
 
 
 def test_server_delay_parsing():

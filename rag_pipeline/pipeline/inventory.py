@@ -87,6 +87,16 @@ def _diff(conn: psycopg.Connection, source: Source, settings: Settings, docs: li
     return diff
 
 
+def cursor_after(diff: SourceDiff, previous: str | None) -> str | None:
+    """The change-feed cursor to keep once ``diff`` has been acted on: the listing's next cursor, or
+    ``previous`` when the listing was incomplete or the deletion guard held deletions back (they must be
+    seen again by the next run, and by the override; advancing past them would lose them until a full
+    reconciliation). The sync and the Dagster sensor both keep their position with this rule."""
+    if not diff.complete or (diff.vanished and not diff.guard.passed):
+        return previous
+    return diff.next_cursor
+
+
 def take_inventory(source: Source, conn: psycopg.Connection, settings: Settings, *, model: str | None = None,
                    allow_mass_delete: bool = False, confirm_delete: int | None = None) -> SourceDiff:
     """A full listing + diff whose vanished documents become the source's pending deletions when the guard

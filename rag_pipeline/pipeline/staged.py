@@ -128,7 +128,7 @@ def write_embeddings(ctx: RunContext, source_ids: Sequence[str], embedder: Embed
             out[p.work.doc.source_id] = outcome
             if outcome.status == "completed":
                 staging.clear_stage(ctx.conn, [p.document_id])
-                children += steps.attachments(ctx, p)
+                children += steps.attachments(ctx, p, model=embedder.model_id)
         if children:
             steps.process(ctx, None, children, embedder)
     return {sid: out[sid] for sid in ids}

@@ -331,12 +331,17 @@ def embed_and_write(ctx: RunContext, batch: Sequence[Prepared], embedder: Embedd
     return out
 
 
-def attachments(ctx: RunContext, parent: Prepared) -> list[Work]:
+def attachments(ctx: RunContext, parent: Prepared, *, model: str) -> list[Work]:
     """Child documents (e-mail attachments) of a written parent, as work; children that are no longer
-    attached are tombstoned, unchanged complete ones left alone. Attachments of attachments are not
-    followed. Ids: ``<parent id>#attachment/<n>/<file name>``."""
-    if parent.work.parent_id is not None or parent.reembed:
+    attached are tombstoned, unchanged complete ones left alone. A re-embedded parent's children whose
+    chunks are not of ``model`` are re-embedded with it. Attachments of attachments are not followed.
+    Ids: ``<parent id>#attachment/<n>/<file name>``."""
+    if parent.work.parent_id is not None:
         return []
+    rows = idx.children_of(ctx.conn, parent.document_id)
+    if parent.reembed:
+        return [Work(idx.document_from_index(c), c, Decision.REEMBED, parent_id=parent.document_id) for c in rows
+                if c.status == "completed" and c.embedding_model != model]
     base = parent.work.doc.source_id
     wanted: dict[str, Work] = {}
     for n, (filename, data) in enumerate(parent.extraction.children, start=1):
@@ -344,17 +349,11 @@ def attachments(ctx: RunContext, parent: Prepared) -> list[Work]:
         doc = SourceDocument(source_id=sid, title=filename, uri=f"{parent.work.doc.uri}#attachment={n}",
                              metadata={"parent_source_id": base})
         wanted[sid] = Work(doc, None, Decision.ADD, parent_id=parent.document_id, data=data)
-    rows = ctx.conn.execute("SELECT id, source_id, content_sha256, status FROM documents WHERE parent_id = %s",
-                            (parent.document_id,)).fetchall()
-    w.mark_deleted(ctx.conn, [r[0] for r in rows if r[1] not in wanted and r[3] != "deleted"])
-    existing = {r[1]: r for r in rows}
-    out = []
-    for sid, work in wanted.items():
-        row = existing.get(sid)
-        if row is not None and row[2] == _sha256(work.data or b"") and row[3] == "completed":
-            continue
-        out.append(work)
-    return out
+    w.mark_deleted(ctx.conn, [c.id for c in rows if c.source_id not in wanted and c.live])
+    existing = {c.source_id: c for c in rows}
+    return [work for sid, work in wanted.items()
+            if not ((c := existing.get(sid)) is not None and c.content_sha256 == _sha256(work.data or b"")
+                    and c.status == "completed")]
 
 
 @dataclass
@@ -397,7 +396,7 @@ def process(ctx: RunContext, source: Source | None, work_items: Sequence[Work], 
             if emit:
                 emit("document", outcome=outcome)
             if outcome.status == "completed":
-                children = attachments(ctx, p)
+                children = attachments(ctx, p, model=embedder.model_id)
                 queue.extend(children)
                 state.total += len(children)
     return state.outcomes

@@ -25,7 +25,7 @@ from rag_pipeline.config import Settings
 from rag_pipeline.embedding.base import Embedder
 from rag_pipeline.faults import checkpoint
 from rag_pipeline.pipeline import steps
-from rag_pipeline.pipeline.inventory import VERIFY_MODE, list_and_diff, verification_due
+from rag_pipeline.pipeline.inventory import VERIFY_MODE, cursor_after, list_and_diff, verification_due
 from rag_pipeline.pipeline.locks import document_locks, source_lock
 from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.pipeline.plan import GuardResult
@@ -166,12 +166,9 @@ def _sync_locked(source: Source, conn: psycopg.Connection, embedder: Embedder, s
                          "to_delete": guard.to_delete})
 
     checkpoint("sync.before_cursor")
-    next_cursor = diff.next_cursor
-    if next_cursor and diff.vanished and not guard.passed:
-        # Deletions held back by the guard must be seen again by the next run (and by the override):
-        # advancing the cursor past them would lose them until a full reconciliation.
+    next_cursor = cursor_after(diff, None)
+    if diff.next_cursor and next_cursor is None:
         log.warning("%s: cursor not advanced: %d deletion(s) held back by the guard", source.name, len(diff.vanished))
-        next_cursor = None
     if next_cursor:
         idx.save_cursor(conn, source.name, next_cursor)
     steps.notify_permanent(notifier, source.name, outcomes, max_failures=settings.max_failures)

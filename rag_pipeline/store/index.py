@@ -87,6 +87,13 @@ def find_document(conn: psycopg.Connection, source: str, source_id: str) -> Inde
     return IndexedDocument(*row) if row else None
 
 
+def children_of(conn: psycopg.Connection, parent_id: int) -> list[IndexedDocument]:
+    """The child documents (e-mail attachments) of ``parent_id``, tombstones included, by ``source_id``."""
+    rows = conn.execute(f"SELECT {_COLUMNS.format(stored=_STORED_ROWS)} FROM documents d WHERE d.parent_id = %s "
+                        "ORDER BY d.source_id", (parent_id,)).fetchall()
+    return [IndexedDocument(*r) for r in rows]
+
+
 def document_from_index(i: IndexedDocument) -> SourceDocument:
     """The best ``SourceDocument`` the index alone can give for ``i`` (when no listing names it: a change
     feed's retry or repair, a partition materialized from the UI): stable id, title, uri, MIME type,

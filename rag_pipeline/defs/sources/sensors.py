@@ -27,7 +27,7 @@ from rag_pipeline.defs.documents.partitions import document_partition_key, docum
 from rag_pipeline.defs.ingestion.resources import EmbedderResource, SettingsResource, SourcesResource, StoreResource
 from rag_pipeline.defs.sources.assets import inventory_key, purge_key
 from rag_pipeline.defs.sources.config import SourceSpec
-from rag_pipeline.pipeline.inventory import list_and_diff
+from rag_pipeline.pipeline.inventory import cursor_after, list_and_diff
 from rag_pipeline.pipeline.plan import Decision, PlannedDocument
 from rag_pipeline.sources.base import Source
 from rag_pipeline.store import Store
@@ -131,7 +131,7 @@ def source_diff_tick(context: dg.SensorEvaluationContext, spec: SourceSpec, sour
         f"tick {time.perf_counter() - started:.2f}s")
     # Documents still waiting for a run slot are not in the next feed page: keep reading from the old
     # position (or keep doing full listings) until every listed document has been requested.
-    feed = cursor.get("feed") if waiting or not diff.complete else diff.next_cursor
+    feed = cursor.get("feed") if waiting else cursor_after(diff, cursor.get("feed"))
     new_cursor = json.dumps({"feed": feed, "listed": diff.listed, "waiting": waiting, "at": round(time.time(), 3)})
     if not requests and not partition_requests:
         return dg.SensorResult(skip_reason=f"{diff.listed} listed, nothing to do", cursor=new_cursor)
