@@ -27,17 +27,8 @@ class Decision(str, Enum):
     content, other title/uri/version/metadata; ``REEMBED`` same content, chunks of another model; ``SKIP``
     the source says it cannot be ingested and the index does not say so yet; ``UNCHANGED`` nothing to do."""
 
-    ADD = "add"
-    CHANGE = "change"
-    RETRY = "retry"
-    BACKOFF = "backoff"
-    REPAIR = "repair"
-    PENDING = "pending"
-    CHECK = "check"
-    METADATA = "metadata"
-    REEMBED = "reembed"
-    SKIP = "skip"
-    UNCHANGED = "unchanged"
+    ADD, CHANGE, RETRY, BACKOFF, REPAIR, PENDING = "add", "change", "retry", "backoff", "repair", "pending"
+    CHECK, METADATA, REEMBED, SKIP, UNCHANGED = "check", "metadata", "reembed", "skip", "unchanged"
 
     def __str__(self) -> str:
         return self.value
