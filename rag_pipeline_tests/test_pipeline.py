@@ -98,16 +98,17 @@ def test_an_unreadable_file_fails_alone(tmp_path, settings, store, embedder, mon
     """Root can read any file, so the permission error is injected at the one read of one path (the
     listing-as-``nobody`` half is in ``test_local_source.py``): that document fails with the reason, the
     others complete, the listing stays complete and nothing is deleted."""
+    from rag_pipeline.sources import local
+
     root = _folder(tmp_path / "docs")
-    locked = root / "notes.txt"
-    real = Path.read_bytes
+    real = local._open_inside
 
-    def read_bytes(self):
-        if self == locked:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
+    def open_inside(root_path, resolved, source_id):  # the one read of the file, as root cannot be refused
+        if source_id == "notes.txt":
+            raise PermissionError(13, "Permission denied", str(resolved))
+        return real(root_path, resolved, source_id)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(local, "_open_inside", open_inside)
     src = LocalFolderSource(root)
     report = sync_source(src, store, embedder, settings)
     assert report.exit_code == EXIT_DOCUMENT_FAILURES and report.guard.passed and not report.listing_error

@@ -10,7 +10,7 @@ ended in this step) or ``Prepared`` (handed to the next step).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from rag_pipeline.embedding.base import Embedder
@@ -19,7 +19,7 @@ from rag_pipeline.pipeline.locks import document_step
 from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.pipeline.plan import IDLE, Decision, plan_document
 from rag_pipeline.pipeline.steps import Prepared, RunContext, Work
-from rag_pipeline.sources.base import Source, SourceDocument
+from rag_pipeline.sources.base import Inventory, Source, SourceDocument, SourceError
 from rag_pipeline.store import staging
 from rag_pipeline.store.index import document_from_index, find_document
 
@@ -33,19 +33,78 @@ def work_for(ctx: RunContext, doc: SourceDocument, *, model: str | None = None) 
     return Work(doc, i, Decision.CHECK if decision in IDLE else decision)
 
 
-def document_for(ctx: RunContext, source: Source, source_id: str, listing: SourceDocument | None) -> SourceDocument:
-    """The listing passed with the run, else the document as the index knows it, else the source's own
-    listing entry (one full listing), else a bare id whose fetch then reports the problem."""
-    if listing is not None and listing.source_id == source_id:
-        return listing
-    i = find_document(ctx.conn, ctx.source, source_id)
-    if i is not None:
-        return document_from_index(i)
+_LISTING_TTL_S = 60.0
+_fresh: dict[tuple[str, str], tuple[float, Inventory]] = {}
+"""The last full listing taken by ``document_for`` (key: run id, source), reused for the other ids of the
+same run's batch for ``_LISTING_TTL_S`` seconds."""
+
+
+def _full_listing(ctx: RunContext, source: Source) -> Inventory:
+    key = (ctx.run_id, ctx.source)
+    hit = _fresh.get(key)
+    if hit is not None and time.monotonic() - hit[0] < _LISTING_TTL_S:
+        return hit[1]
+    inventory = source.list_documents()
+    _fresh.clear()
+    _fresh[key] = (time.monotonic(), inventory)
+    return inventory
+
+
+def _refused(ctx: RunContext, source_id: str, why: str | None = None) -> SourceError:
+    return SourceError(f"{source_id!r} is not listed by source {ctx.source}: refused" + (f" ({why})" if why else ""),
+                       transient=False)
+
+
+def _ask_source(ctx: RunContext, source_id: str, ask: Callable[[], SourceDocument | None]) -> SourceDocument | None:
+    """``ask()`` (the source's lookup or its listing) with its errors as ``SourceError``: a source's refusal
+    of the id stays terminal, anything else is transient (the id could not be checked)."""
     try:
-        found = next((d for d in source.list_documents().documents if d.source_id == source_id), None)
-    except Exception:  # noqa: BLE001 - the fetch below reports the problem on the document
-        found = None
-    return found or SourceDocument(source_id=source_id, title=source_id, uri="")
+        return ask()
+    except SourceError as exc:
+        if not exc.transient:
+            raise _refused(ctx, source_id, str(getattr(exc, "why", None) or exc)) from exc
+        raise SourceError(f"cannot check that source {ctx.source} lists {source_id!r}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - a connector's failure, whatever its type: retried later
+        raise SourceError(f"cannot check that source {ctx.source} lists {source_id!r}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+def document_for(ctx: RunContext, source: Source, source_id: str, listing: SourceDocument | None) -> SourceDocument:
+    """The document a per-document run works on; only an id its source lists (or listed) is ever worked on.
+
+    In order: a live index row (a document already known: the ``listing`` passed with the run when it names
+    this id, else the row's own view); else the source vouches for the id: a source with a per-id
+    ``lookup(source_id)`` (the local folder) is asked, a source without one gets one full listing (reused
+    for the other ids of the run for ``_LISTING_TTL_S``). A run's ``listing`` (the sensor passes one;
+    anyone can pass one from the Launchpad) for an id the index does not know is used only when the
+    source's ``lookup`` does not refuse the id (it may name a file that vanished since the sensor listed
+    it: the fetch then reports it); for a source without ``lookup`` it is trusted, the fetch being
+    confined by the connector itself (credentials, configured roots).
+
+    Raises ``SourceError(transient=False)`` ``"'<id>' is not listed by source <name>: refused[ (<why>)]"``
+    for an id none of these gives (nothing is fetched, and the caller must create no ``documents`` row for
+    it), and a transient ``SourceError`` when the source could not be asked (listing failed or incomplete).
+    """
+    passed = listing if listing is not None and listing.source_id == source_id else None
+    i = find_document(ctx.conn, ctx.source, source_id)
+    if i is not None and i.status != "deleted":
+        return passed or document_from_index(i)
+    lookup = getattr(source, "lookup", None)
+    if callable(lookup):
+        found = _ask_source(ctx, source_id, lambda: lookup(source_id))
+        if found is not None or passed is not None:
+            return passed or found
+        raise _refused(ctx, source_id)
+    if passed is not None:
+        return passed
+    inventory = _ask_source(ctx, source_id, lambda: _full_listing(ctx, source))
+    found = next((d for d in inventory.documents if d.source_id == source_id), None)
+    if found is not None:
+        return found
+    if not inventory.complete:
+        raise SourceError(f"cannot check that source {ctx.source} lists {source_id!r}: listing incomplete "
+                          f"({inventory.incomplete_reason or 'unknown reason'})")
+    raise _refused(ctx, source_id)
 
 
 def stage_markdown(ctx: RunContext, source: Source, doc: SourceDocument, *,

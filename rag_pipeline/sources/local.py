@@ -12,6 +12,22 @@ which reads every file once for its SHA-256 and its MIME type from the content's
 ``RAG_LOCAL_VERIFY_INTERVAL_S``); the class attribute ``verifiable = True`` tells it that this
 source's listing accepts ``verify=``.
 
+Containment: an id names a file inside the root, never anything else. ``check_id`` accepts only
+normalised relative POSIX paths (no leading ``/``, no empty, ``.`` or ``..`` segment, no NUL; on
+Windows no backslash); ``resolve_inside`` then follows symlinks and refuses a path that ends up outside
+the (resolved) root. ``fetch`` refuses, with ``SourceError(transient=False)`` (the core records the
+document ``permanently_failed`` with the reason), an id that fails either check, one excluded by the
+include/exclude patterns and anything but a regular file; it opens the resolved path one component at a
+time with ``O_NOFOLLOW`` from the root, so a symlink swapped in after the check is not followed either.
+
+Symlinks in the listing: a symlink whose fully resolved target is a regular file inside the root is
+listed under the link's own path; a symlinked directory inside the root is descended under the link's
+path, once: a directory already on the current path (a loop), or already entered through another link,
+is not entered again (tracked by ``(st_dev, st_ino)``). A symlink that leaves the root is not listed,
+and is logged once per process at WARNING (``<link> -> (outside)``: the target is not named): to the core
+it looks like a file that was deleted, so a file indexed before it became such a link is removed by
+the reconciliation, under the deletion guard. Dangling and self-looping links are not listed.
+
 Errors. A directory that cannot be read part-way (or a root that is missing or not a directory)
 makes the whole listing fail with ``ListingIncompleteError``, never a short inventory: we do not
 know what is in a directory we cannot list, so the deletion guard must hold deletions back. A single
@@ -28,6 +44,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import hashlib
+import logging
 import os
 import stat
 from datetime import datetime, timezone
@@ -35,10 +52,25 @@ from pathlib import Path
 
 from rag_pipeline.sources.base import ChangeFeedUnavailable, ChangeSet, Inventory, ListingIncompleteError, SourceDocument, SourceError
 
+log = logging.getLogger(__name__)
+
 DEFAULT_EXCLUDES = (".*", "*/.*", "~$*", "*/~$*", "*.tmp", "Thumbs.db", "*/Thumbs.db")
 _READ_BLOCK = 1 << 20
 # stat/open errors meaning "there is no regular file here (any more)": the entry is not listed.
 _GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_SECURE_OPEN = hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY") and os.open in os.supports_dir_fd
+
+
+class IdRefused(SourceError):
+    """A document id this source will never read: ``why`` says which rule it breaks (absolute path,
+    ``..``, NUL, not normalised, leaves the folder through a symlink, excluded, not a regular file).
+    Never transient: the core records the document ``permanently_failed`` with the message."""
+
+    def __init__(self, source_id: str, why: str) -> None:
+        super().__init__(f"{source_id!r} refused: {why}", transient=False)
+        self.source_id = source_id
+        self.why = why
 
 
 def sniff_mime(head: bytes) -> str:
@@ -51,16 +83,91 @@ def sniff_mime(head: bytes) -> str:
     return magic.from_buffer(head, mime=True) or "application/octet-stream"
 
 
-def file_digest(path: Path) -> tuple[str, bytes]:
-    """Return ``(hex SHA-256 of the file, its first 8 KiB)``; raises ``OSError``."""
+def _digest(fh) -> tuple[str, bytes]:
     h = hashlib.sha256()
     head = b""
-    with path.open("rb") as fh:
-        while block := fh.read(_READ_BLOCK):
-            if not head:
-                head = block[:8192]
-            h.update(block)
+    while block := fh.read(_READ_BLOCK):
+        if not head:
+            head = block[:8192]
+        h.update(block)
     return h.hexdigest(), head
+
+
+def file_digest(path: Path) -> tuple[str, bytes]:
+    """Return ``(hex SHA-256 of the file, its first 8 KiB)``; raises ``OSError``."""
+    with path.open("rb") as fh:
+        return _digest(fh)
+
+
+def check_id(source_id: str) -> list[str]:
+    """The path segments of a well-formed id (pure: no file system access). Raises ``IdRefused`` for an
+    empty id, NUL, an absolute path, a backslash where it is a separator (Windows), an empty or ``.``
+    segment (not normalised) and a ``..`` segment (leaves the source folder). On POSIX a backslash is an
+    ordinary file-name character, as the listing reports it."""
+    if not isinstance(source_id, str) or not source_id:
+        raise IdRefused(str(source_id), "empty id")
+    if "\x00" in source_id:
+        raise IdRefused(source_id, "NUL in id")
+    if source_id.startswith("/") or (os.sep == "\\" and (source_id[1:3] == ":\\" or source_id[1:2] == ":")):
+        raise IdRefused(source_id, "absolute path")
+    if "\\" in source_id and (os.sep == "\\" or os.altsep):
+        raise IdRefused(source_id, "backslash in id")
+    parts = source_id.split("/")
+    if ".." in parts:
+        raise IdRefused(source_id, "id leaves the source folder ('..')")
+    if any(p in ("", ".") for p in parts):
+        raise IdRefused(source_id, "not a normalised relative path")
+    return parts
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path != root and path.is_relative_to(root)
+
+
+def resolve_inside(root: Path, source_id: str) -> Path:
+    """The file ``source_id`` names under ``root`` (an absolute, resolved directory), symlinks followed:
+    ``check_id``, then the fully resolved path, which must lie inside ``root``. Raises ``IdRefused``
+    (a malformed id, a symlink loop, a path that leaves ``root``) or ``OSError`` when the path cannot
+    be resolved (missing, permission denied). Reads no content."""
+    parts = check_id(source_id)
+    try:
+        real = Path(os.path.realpath(root.joinpath(*parts), strict=True))
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise IdRefused(source_id, "symlink loop") from None
+        raise
+    if not _inside(real, root):
+        raise IdRefused(source_id, "id leaves the source folder (through a symlink)")
+    return real
+
+
+def _open_inside(root: Path, real: Path, source_id: str) -> int:
+    """An fd of the regular file ``real`` (inside ``root``, no symlink in it), opened component by component
+    from ``root`` with ``O_NOFOLLOW``: a symlink swapped in since ``resolve_inside`` fails with ``ELOOP``
+    instead of being followed. Never blocks on a FIFO. Raises ``IdRefused`` (not a regular file) or
+    ``OSError``."""
+    if not _SECURE_OPEN:  # no dir_fd / O_NOFOLLOW (Windows): the resolved path, checked just before
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    else:
+        parts = real.relative_to(root).parts
+        dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC, dir_fd=dirfd)
+                os.close(dirfd)
+                dirfd = sub
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC, dir_fd=dirfd)
+        finally:
+            os.close(dirfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IdRefused(source_id, "not a regular file")
+        if _SECURE_OPEN:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class LocalFolderSource:
@@ -81,24 +188,30 @@ class LocalFolderSource:
         self.include = list(include or [])
         self.exclude = list(DEFAULT_EXCLUDES if exclude is None else exclude)
         self.name = name or f"local:{self.root}"
+        self._warned: set[str] = set()
 
     def _selected(self, rel: str) -> bool:
         if self.include and not any(fnmatch.fnmatchcase(rel, p) for p in self.include):
             return False
         return not any(fnmatch.fnmatchcase(rel, p) for p in self.exclude)
 
-    def _document(self, path: Path, rel: str, *, verify: bool) -> SourceDocument | None:
-        """The listing entry for one walked file, or ``None`` when it is not (or no longer) a regular
-        file. Never raises ``OSError``: what cannot be known is left ``None`` (see module docstring)."""
+    def _read_fd(self, source_id: str) -> int:
+        """``resolve_inside`` + ``_open_inside``; raises ``IdRefused`` or ``OSError``."""
+        return _open_inside(self.root, resolve_inside(self.root, source_id), source_id)
+
+    def _document(self, path: Path, rel: str, real: Path, *, verify: bool) -> SourceDocument | None:
+        """The listing entry for one walked file (``path``: where the walk found it, ``real``: the file, with
+        no symlink in its path), or ``None`` when it is not (or no longer) a regular file inside the root.
+        Never raises ``OSError``: what cannot be known is left ``None`` (see module docstring)."""
         doc = SourceDocument(source_id=rel, title=path.name, uri=path.as_uri())
         try:
-            st = os.stat(path)
+            st = os.stat(real, follow_symlinks=False)
         except OSError as err:
             if err.errno in _GONE:
                 return None  # vanished since the walk, or a dangling / looping symlink
             return doc  # exists but cannot be stat-ed: listed with nothing known; fetch tells why
         if not stat.S_ISREG(st.st_mode):
-            return None  # FIFO, socket, device: not a document (and opening a FIFO would block)
+            return None  # FIFO, socket, device (opening a FIFO would block), or replaced by a symlink
         doc = doc.replace(
             size=st.st_size,
             modified_at=datetime.fromtimestamp(st.st_mtime, tz=timezone.utc),
@@ -107,12 +220,88 @@ class LocalFolderSource:
         if not verify:
             return doc
         try:
-            sha, head = file_digest(path)
+            with os.fdopen(_open_inside(self.root, real, rel), "rb") as fh:
+                sha, head = _digest(fh)
+        except IdRefused:
+            return None  # no longer a regular file
         except OSError as err:
             if err.errno in _GONE:
-                return None  # vanished between stat and open
+                return None  # vanished between stat and open, or became a symlink
             return doc  # unreadable: no hash, no MIME type; the core fetches it and records the error
         return doc.replace(content_sha256=sha, mime_type=sniff_mime(head))
+
+    def _outside(self, rel: str, *, directory: bool) -> None:
+        if directory and any(fnmatch.fnmatchcase(rel, p) for p in self.exclude):
+            return  # an excluded (e.g. hidden) folder link: nothing under it would be listed anyway
+        if not directory and not self._selected(rel):
+            return
+        if rel not in self._warned:
+            self._warned.add(rel)
+            log.warning("%s: symlink leaves the source folder, not listed: %s -> (outside)", self.name, rel)
+
+    def _walk(self):
+        """Yield ``(path, rel, real)`` for every regular file, and ``(path, rel, None)`` for a symlink whose
+        target cannot be resolved (permission denied), in id order within each directory (module docstring:
+        symlinks). Raises ``ListingIncompleteError`` when a directory cannot be listed."""
+        root = self.root
+        st = os.stat(root)
+        followed: set[tuple[int, int]] = set()
+        stack = [(root, "", frozenset({(st.st_dev, st.st_ino)}))]
+        while stack:
+            real_dir, prefix, chain = stack.pop()
+            try:
+                with os.scandir(real_dir) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as err:
+                raise ListingIncompleteError(
+                    f"listing {self.root} failed part-way at {err.filename or real_dir}: {err.strerror}") from err
+            subdirs = []
+            for entry in entries:
+                rel = prefix + entry.name
+                path = root / rel
+                try:
+                    is_link = entry.is_symlink()
+                except OSError:
+                    is_link = False
+                if not is_link:
+                    try:
+                        is_dir = entry.is_dir(follow_symlinks=False)
+                    except OSError:
+                        is_dir = False
+                    if not is_dir:
+                        yield path, rel, Path(entry.path)
+                        continue
+                    try:
+                        est = entry.stat(follow_symlinks=False)
+                        key = (est.st_dev, est.st_ino)
+                    except OSError:
+                        key = None  # scandir of it fails and says why
+                    if key not in chain:  # (a directory on its own path: only a bind-mount loop)
+                        subdirs.append((Path(entry.path), rel + "/", chain | {key} if key else chain))
+                    continue
+                try:
+                    target = Path(os.path.realpath(entry.path, strict=True))
+                    tst = os.stat(target)
+                except OSError as err:
+                    if err.errno not in _GONE:  # cannot tell where it points: fetch checks again, and says why
+                        yield path, rel, None
+                    continue  # dangling or looping: not listed
+                directory = stat.S_ISDIR(tst.st_mode)
+                if not _inside(target, root) and not (directory and target == root):
+                    self._outside(rel, directory=directory)
+                    continue
+                if not directory:
+                    yield path, rel, target
+                    continue
+                key = (tst.st_dev, tst.st_ino)
+                if key in chain:
+                    log.debug("%s: %s is a symlink loop: not followed", self.name, rel)
+                elif key in followed:
+                    log.debug("%s: %s: directory already followed through another link", self.name, rel)
+                else:
+                    followed.add(key)
+                    subdirs.append((target, rel + "/", chain | {key}))
+            stack.extend(reversed(subdirs))
 
     def list_documents(self, *, verify: bool = False) -> Inventory:
         """Walk the tree; return a complete ``Inventory`` of the selected regular files, sorted by id.
@@ -123,6 +312,7 @@ class LocalFolderSource:
         (``"<size>:<st_mtime_ns>"``); ``content_sha256`` and ``mime_type`` are ``None``.
         ``verify=True``: additionally reads every file once and sets ``content_sha256`` (hex SHA-256)
         and ``mime_type`` (sniffed from the first 8 KiB); a file that cannot be read keeps both ``None``.
+        Symlinks: see the module docstring (inside the root followed once; leaving it: not listed).
 
         A single file never fails the listing (see module docstring). Raises ``ListingIncompleteError``
         when the root is missing or not a directory, or any directory under it cannot be listed."""
@@ -132,34 +322,101 @@ class LocalFolderSource:
             root_is_dir = False
         if not root_is_dir:
             raise ListingIncompleteError(f"source folder {self.root} does not exist or is not a directory")
-
-        def fail(err: OSError) -> None:
-            raise ListingIncompleteError(f"listing {self.root} failed part-way at {err.filename}: {err.strerror}")
-
         documents = []
-        for dirpath, dirnames, filenames in os.walk(self.root, onerror=fail):
-            dirnames.sort()
-            base = Path(dirpath)
-            for fname in sorted(filenames):
-                path = base / fname
-                rel = path.relative_to(self.root).as_posix()
-                if not self._selected(rel):
-                    continue
-                doc = self._document(path, rel, verify=verify)
-                if doc is not None:
-                    documents.append(doc)
+        for path, rel, real in self._walk():
+            if not self._selected(rel):
+                continue
+            if real is None:
+                documents.append(SourceDocument(source_id=rel, title=path.name, uri=path.as_uri()))
+                continue
+            doc = self._document(path, rel, real, verify=verify)
+            if doc is not None:
+                documents.append(doc)
         documents.sort(key=lambda d: d.source_id)
         return Inventory(documents=documents, complete=True)
+
+    def lookup(self, source_id: str) -> SourceDocument | None:
+        """The entry ``list_documents()`` gives for ``source_id`` (stat-only), without walking the tree;
+        ``None`` when the listing does not list it (no such file now, excluded, a directory, ...).
+
+        Raises ``IdRefused`` for an id the listing can never give (``check_id``; a path that leaves the
+        root through a symlink), ``ListingIncompleteError`` when the root is missing or not a directory,
+        or when a directory on the way cannot be read. A path through a symlinked directory, or one that
+        cannot be stat-ed, is looked up in a full listing, so the answer is the listing's."""
+        parts = check_id(source_id)
+        try:
+            root_is_dir = stat.S_ISDIR(os.stat(self.root).st_mode)
+        except OSError:
+            root_is_dir = False
+        if not root_is_dir:
+            raise ListingIncompleteError(f"source folder {self.root} does not exist or is not a directory")
+        if not self._selected(source_id):
+            return None
+        here = self.root
+        for part in parts[:-1]:
+            here = here / part
+            try:
+                st = os.lstat(here)
+            except OSError as err:
+                if err.errno in (errno.ENOENT, errno.ENOTDIR):
+                    return None
+                return self._listed(source_id)
+            if stat.S_ISLNK(st.st_mode):
+                try:
+                    resolve_inside(self.root, source_id)  # a path that leaves the root: refused
+                except IdRefused as refused:
+                    if refused.why == "symlink loop":
+                        return None
+                    raise
+                except OSError:
+                    pass  # nothing there (or unreadable): the listing's answer
+                return self._listed(source_id)
+            if not stat.S_ISDIR(st.st_mode):
+                return None
+        path = here / parts[-1]
+        try:
+            st = os.lstat(path)
+        except OSError as err:
+            if err.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            return self._listed(source_id)
+        real = path
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                real = resolve_inside(self.root, source_id)
+                st = os.stat(real)
+            except IdRefused as refused:
+                if refused.why == "symlink loop":
+                    return None  # not listed, like a dangling link: nothing there to refuse
+                raise
+            except OSError as err:
+                if err.errno in _GONE:
+                    return None
+                return self._listed(source_id)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return self._document(path, source_id, real, verify=False)
+
+    def _listed(self, source_id: str) -> SourceDocument | None:
+        return next((d for d in self.list_documents().documents if d.source_id == source_id), None)
 
     def changes(self, cursor: str | None) -> ChangeSet:
         """A folder has no change feed: always raises ``ChangeFeedUnavailable`` (full listing instead)."""
         raise ChangeFeedUnavailable("a local folder has no change feed")
 
     def fetch(self, document: SourceDocument) -> bytes:
-        """Read the file's bytes (``root / source_id``); raises ``SourceError`` (transient) naming the
-        file and the OS reason when it vanished or cannot be read."""
-        path = self.root / document.source_id
+        """Read the file's bytes: ``source_id`` resolved inside the root (module docstring: containment).
+
+        Raises ``IdRefused`` (a ``SourceError``, not transient) naming the id and the reason for an id that
+        is malformed, excluded by the patterns, leaves the root (``..``, a symlink) or is not a regular
+        file; ``SourceError`` (transient) naming the file and the OS reason when it vanished or cannot be
+        read. Nothing outside the root is opened."""
+        sid = document.source_id
+        check_id(sid)
+        if not self._selected(sid):
+            raise IdRefused(sid, "excluded by the source's include/exclude patterns")
         try:
-            return path.read_bytes()
+            with os.fdopen(self._read_fd(sid), "rb") as fh:
+                return fh.read()
         except OSError as err:
-            raise SourceError(f"cannot read {document.source_id}: {err.strerror or err}") from err
+            raise SourceError(f"cannot read {sid}: {err.strerror or err}") from err

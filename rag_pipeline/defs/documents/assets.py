@@ -23,8 +23,9 @@ from rag_pipeline.defs.ingestion.resources import (
     StoreResource,
 )
 from rag_pipeline.pipeline import staged, steps
-from rag_pipeline.pipeline.outcome import DocumentOutcome
+from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.pipeline.steps import Prepared, RunContext
+from rag_pipeline.sources.base import SourceError
 from rag_pipeline.store import checks as check_sql
 from rag_pipeline.store.staging import document_from_json
 
@@ -127,9 +128,19 @@ def document_markdown(context: dg.AssetExecutionContext, config: MarkdownConfig,
     """Each document's content as cleaned Markdown (fetched, hashed, extracted; staged in PostgreSQL)."""
     listing = document_from_json(json.loads(config.listing)) if config.listing else None
     model = embedder.get(rag_settings.settings()).model_id
-    run_steps(context, rag_settings, store, embedder, sources, notifier, lambda ctx, source, ids: {
-        sid: staged.stage_markdown(ctx, source, staged.document_for(ctx, source, sid, listing), model=model)
-        for sid in ids})
+
+    def markdown(ctx, source, ids):
+        out = {}
+        for sid in ids:
+            try:  # only an id its source lists (or listed) is worked on: no row for anything else
+                doc = staged.document_for(ctx, source, sid, listing)
+            except SourceError as exc:
+                out[sid] = DocumentOutcome(sid, None, Action.FAILED, None, str(exc), transient=exc.transient)
+                continue
+            out[sid] = staged.stage_markdown(ctx, source, doc, model=model)
+        return out
+
+    run_steps(context, rag_settings, store, embedder, sources, notifier, markdown)
     return dg.MaterializeResult()
 
 

@@ -24,7 +24,9 @@ from rag_pipeline.defs.ingestion.resources import (
     SourcesResource,
     StoreResource,
 )
+from rag_pipeline.pipeline.staged import document_for
 from rag_pipeline.pipeline.steps import RunContext, finish, notify_permanent
+from rag_pipeline.sources.base import SourceError
 from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.store import staging
 from rag_pipeline.store import write as w
@@ -111,8 +113,14 @@ def document_failure_sensor(context: dg.RunFailureSensorContext, rag_settings: S
                 continue
             listed = listing if listing.get("source_id") == sid else {}
             i = find_document(conn, source_name, sid)
-            document_id = i.id if i else w.ensure_document(  # the run died before the document got its row
-                conn, source_name, staging.document_from_json(listed or {"source_id": sid}))
+            if i is None:  # the run died before the document got its row: only a listed id gets one
+                try:
+                    doc = document_for(RunContext(conn, source_name, settings, attempt), sources.build(name), sid,
+                                       staging.document_from_json(listed) if listed else None)
+                except SourceError as exc:
+                    context.log.warning(f"{key}: not recorded: {exc}")
+                    continue
+            document_id = i.id if i else w.ensure_document(conn, source_name, doc)
             result = w.record_failure(
                 conn, document_id, attempt_key=attempt, reason=reason, kind="transient",
                 max_failures=settings.max_failures, seen_sha256=listed.get("content_sha256"),
