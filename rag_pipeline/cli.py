@@ -31,6 +31,14 @@ app.add_typer(sources_app, name="sources")
 console = Console(width=None if os.isatty(1) else 160, highlight=False, soft_wrap=True)
 
 
+@app.callback()
+def _main() -> None:
+    """Keep secrets out of every log record of this process (``rag_pipeline.redact``)."""
+    from rag_pipeline import redact
+
+    redact.install()
+
+
 def _fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
     console.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(code)
@@ -344,10 +352,11 @@ def psql(ctx: typer.Context) -> None:
     (the embedded server is started and kept up while psql runs; extra arguments go to psql)."""
     import subprocess
 
-    from rag_pipeline.store.embedded import psql_command, resolve_database_url
+    from rag_pipeline.store.embedded import psql_invocation, resolve_database_url
 
-    url = resolve_database_url(_settings().database_url)
-    raise typer.Exit(subprocess.call([psql_command(), url, *ctx.args]))
+    # the password goes to psql as PGPASSWORD, not in argv (which every user on the machine can read)
+    argv, env = psql_invocation(resolve_database_url(_settings().database_url), ctx.args)
+    raise typer.Exit(subprocess.call(argv, env=env))
 
 
 if __name__ == "__main__":

@@ -61,5 +61,9 @@ def build_definitions(specs: Sequence[SourceSpec] = (), *, resources: Mapping[st
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    """The code location, for the sources configured in the environment."""
+    """The code location, for the sources configured in the environment (secrets kept out of every log
+    record of the code server and its run workers: ``rag_pipeline.redact``)."""
+    from rag_pipeline import redact
+
+    redact.install()
     return build_definitions(load_source_specs())

@@ -10,6 +10,10 @@ and counts deliveries in ``sent``/``failed``. ``send`` is the raising variant.
 Configuration (``notifier_from_env``): ``RAG_SLACK_WEBHOOK_URL``, ``RAG_TEAMS_WEBHOOK_URL`` (a Teams
 *Workflows* "When a Teams webhook request is received" URL: it takes Adaptive Cards) and
 ``RAG_ALERT_WEBHOOK_URL`` (any endpoint taking JSON). Several may be set; with none, alerts are logged.
+
+A webhook URL is a secret (Slack's path, Teams' ``sig=``): every URL given to a notifier is registered with
+``rag_pipeline.redact``, and every log line and exception message produced here goes through ``redact``.
+Messages name the notifier kind and the webhook's host, never its URL.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 import requests
+
+from rag_pipeline.redact import redact, register_url, url_host
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +66,12 @@ class WebhookNotifier:
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 1.0,
                  session: requests.Session | None = None) -> None:
+        register_url(url)  # before anything can print it
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"{self.kind} webhook URL must start with http:// or https://, got {url[:30]!r}")
+            raise ValueError(f"{self.kind} webhook URL must start with http:// or https://, got a value "
+                             f"starting {redact(url)[:12]!r}")
         self.url = url
+        self.host = url_host(url)
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -85,14 +94,19 @@ class WebhookNotifier:
             try:
                 response = self.session.post(self.url, json=body, timeout=self.timeout_s)
             except requests.RequestException as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                # requests' message carries the URL's path and query (the secret of a Slack or Teams URL)
+                last = f"{type(exc).__name__}: {redact(str(exc))}"
                 continue
             if response.status_code < 300:
                 return response
-            last = f"HTTP {response.status_code}: {response.text[:200]}"
+            last = f"HTTP {response.status_code}: {redact(response.text[:200])}"
             if response.status_code != 429 and response.status_code < 500:
                 break  # a client error will not get better by retrying
-        raise NotificationError(f"{self.kind} alert {event!r} not delivered: {last}")
+        # raised outside the ``except``: no __context__ chaining the original (unredacted) exception
+        raise NotificationError(f"{self.kind} alert {event!r} not delivered: {last} (webhook host {self.host})")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(host={self.host!r})"
 
     def notify(self, event: str, message: str, details: dict[str, Any]) -> None:
         """``send`` without raising: failures are logged at ERROR and counted in ``failed``."""
@@ -100,7 +114,7 @@ class WebhookNotifier:
             self.send(event, message, details)
         except NotificationError as exc:
             self.failed += 1
-            log.error("%s (alert was: %s)", exc, message)
+            log.error("%s (alert was: %s)", redact(str(exc)), redact(message))
         else:
             self.sent += 1
 
@@ -149,7 +163,7 @@ class LogNotifier:
     def notify(self, event: str, message: str, details: dict[str, Any]) -> None:
         """Log the alert."""
         self.sent += 1
-        log.warning("alert %s: %s %s", event, message, json.dumps(details, default=str)[:1000])
+        log.warning("%s", redact(f"alert {event}: {message} {json.dumps(details, default=str)[:1000]}"))
 
 
 class MultiNotifier:

