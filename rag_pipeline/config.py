@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     extraction_memory_mb: int = 4096
     ocr_languages: str = "eng+jpn"
 
+    max_document_mb: int = 200
+    """Per-document size cap in MiB (``RAG_MAX_DOCUMENT_MB``). A document larger than this ends
+    ``permanently_failed`` with its size and the cap in the reason, without being read when the listing
+    reports its size (else checked right after the fetch); it is tried again when its content changes or
+    after ``rag-pipeline retry``. 0 = no cap."""
+
     expiry_days: dict[str, int] = Field(default_factory=dict)
     """Per document type, days after ``modified_at`` when a document counts as expired and queries skip
     it, e.g. ``RAG_EXPIRY_DAYS='{"html": 30, "*": 365}'`` (``*`` = any other type). Empty = never."""

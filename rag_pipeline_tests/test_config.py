@@ -14,6 +14,7 @@ def test_documented_defaults(monkeypatch):
     assert (s.extraction_timeout_s, s.extraction_memory_mb, s.ocr_languages) == (300.0, 4096, "eng+jpn")
     assert (s.expiry_days, s.retry_backoff_s, s.sync_batch_documents) == ({}, 3600.0, 16)
     assert s.local_verify_interval_s == 7 * 24 * 3600.0
+    assert s.max_document_mb == 200
 
 
 def test_environment_overrides(monkeypatch):

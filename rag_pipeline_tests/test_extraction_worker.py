@@ -74,7 +74,8 @@ def test_time_limit_kills_and_replaces_the_worker(corpus, pool):
         # 619 pages take several seconds: killed after 1 s
         pool.run((corpus / "DA-619p.pdf").read_bytes(), "big.pdf", None, Settings(extraction_timeout_s=1))
     assert time.monotonic() - started < 5
-    assert info.value.reason == "time limit exceeded (1 s)" and info.value.terminal is False
+    # a limit exceeded on the same bytes is exceeded again: terminal, not retried (hardening, part 3)
+    assert info.value.reason == "time limit exceeded (1 s)" and info.value.terminal is True
     assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE
     result = pool.run(memo, "b.pdf", None, Settings())
     assert "To Whom it May Concern" in result.markdown

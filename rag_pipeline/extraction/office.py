@@ -323,32 +323,55 @@ def _xlsx_value(value: Any) -> str:
     return str(value)
 
 
-def _sheet_grid(ws: Any, ws_values: Any) -> list[list[str]]:
-    """Grid of one worksheet: cached values, else formula text; merges applied."""
-    max_row, max_col = ws.max_row or 0, ws.max_column or 0
-    grid = [[""] * max_col for _ in range(max_row)]
-    for row in ws.iter_rows(min_row=1, max_row=max_row, max_col=max_col):
-        for cell in row:
-            if cell.value is None:
-                continue
-            cached = ws_values.cell(row=cell.row, column=cell.column).value
-            value = cached if cached is not None else cell.value
-            if isinstance(value, str) or cached is not None:
-                text = _xlsx_value(value)
-            elif hasattr(value, "text"):  # ArrayFormula / DataTableFormula
-                text = "=" + str(getattr(value, "text", "")).lstrip("=")
-            else:
-                text = _xlsx_value(value)
-            grid[cell.row - 1][cell.column - 1] = text
+def _stored_cells(ws: Any) -> dict[tuple[int, int], Any]:
+    """The cells the worksheet's XML holds, keyed ``(row, column)`` (openpyxl's own store, which its
+    ``max_row``/``max_column`` read too). Never ``ws.iter_rows()`` / ``ws.cell()`` over the sheet's
+    extent: that creates every cell of the rectangle, and one formatted empty cell at XFD1048576 makes
+    the rectangle 17 billion cells."""
+    return ws._cells  # private, but no public API lists only the cells that exist
+
+
+def _cell_texts(ws: Any, ws_values: Any) -> dict[tuple[int, int], str]:
+    """Text of every cell that holds a value (cached value, else formula text), with merges over several
+    rows repeated in every covered position; blank texts left out."""
+    cached_cells = _stored_cells(ws_values)
+    texts: dict[tuple[int, int], str] = {}
+    for (r, c), cell in _stored_cells(ws).items():
+        if cell.value is None:
+            continue
+        cached_cell = cached_cells.get((r, c))
+        cached = cached_cell.value if cached_cell is not None else None
+        value = cached if cached is not None else cell.value
+        if isinstance(value, str) or cached is not None:
+            text = _xlsx_value(value)
+        elif hasattr(value, "text"):  # ArrayFormula / DataTableFormula
+            text = "=" + str(getattr(value, "text", "")).lstrip("=")
+        else:
+            text = _xlsx_value(value)
+        if text.strip():
+            texts[(r, c)] = text
     for merged in ws.merged_cells.ranges:
-        top = grid[merged.min_row - 1][merged.min_col - 1] if merged.min_row <= max_row and merged.min_col <= max_col else ""
-        if merged.max_row > merged.min_row:
+        top = texts.get((merged.min_row, merged.min_col), "")
+        if merged.max_row > merged.min_row and top:
             # merge over several rows: every covered position carries the value
-            for r in range(merged.min_row, min(merged.max_row, max_row) + 1):
-                for c in range(merged.min_col, min(merged.max_col, max_col) + 1):
-                    grid[r - 1][c - 1] = top
+            for r in range(merged.min_row, merged.max_row + 1):
+                for c in range(merged.min_col, merged.max_col + 1):
+                    texts[(r, c)] = top
         # a merge within one row (a title or footnote across columns) is kept once
-    return grid
+    return texts
+
+
+def _sheet_grid(ws: Any, ws_values: Any) -> list[list[str]]:
+    """Grid of one worksheet: cached values, else formula text; merges applied.
+
+    Sized from the cells that hold text, not from the declared ``<dimension ref>`` nor from formatted
+    empty cells: only the rows and columns with some text are in it (rows and columns without any are
+    dropped by the table rendering anyway), so a sheet declaring ``A1:XFD1048576`` with 3 rows of data
+    gives a 3-row grid."""
+    texts = _cell_texts(ws, ws_values)
+    rows = sorted({r for r, _ in texts})
+    cols = sorted({c for _, c in texts})
+    return [[texts.get((r, c), "") for c in cols] for r in rows]
 
 
 def _filled(row: list[str]) -> int:
@@ -377,7 +400,8 @@ def _split_titles(grid: list[list[str]]) -> tuple[list[str], list[list[str]]]:
 
 def extract_xlsx(data: bytes) -> Draft:
     """XLSX: every worksheet as ``## Sheet: <name>``, its leading title rows as paragraphs and the
-    rest as one pipe table whose first row is the header."""
+    rest as one pipe table whose first row is the header. Work and memory follow the cells the sheet
+    holds, never its declared dimension (see ``_sheet_grid``)."""
     import zipfile
 
     import openpyxl
@@ -397,10 +421,10 @@ def extract_xlsx(data: bytes) -> Draft:
         sheets += 1
         ws_values = wb_values[ws.title]
         parts.append(f"## Sheet: {cell_text(ws.title)}")
-        for row in ws.iter_rows():
-            for cell in row:
-                if cell.data_type == "f" and ws_values[cell.coordinate].value is None:
-                    formulas_without_value += 1
+        cached_cells = _stored_cells(ws_values)
+        for key, cell in _stored_cells(ws).items():
+            if cell.data_type == "f" and getattr(cached_cells.get(key), "value", None) is None:
+                formulas_without_value += 1
         titles, rows = _split_titles(_sheet_grid(ws, ws_values))
         parts.extend(titles)
         if len(rows) == 1:

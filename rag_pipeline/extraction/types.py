@@ -12,9 +12,11 @@ PAGE_MARKER = "<!-- page {n} -->"
 class ExtractionError(Exception):
     """Extraction failed. ``reason`` is a short stable text stored in ``documents.last_error``.
 
-    ``terminal=True``: a deterministic content error (password, wrong type, unsupported, empty,
-    no text): the document becomes ``permanently_failed`` at once and is retried only when its
-    content changes. ``terminal=False``: counted against ``max_failures`` and retried on a later sync.
+    ``terminal=True``: a deterministic failure on this content (password, wrong type, unsupported,
+    empty, no text, a size/time/memory/page limit exceeded, a crash of the parser): the document
+    becomes ``permanently_failed`` at once and is retried only when its content changes or an operator
+    runs ``rag-pipeline retry``. ``terminal=False``: counted against ``max_failures`` and retried on a
+    later sync.
     """
 
     terminal: bool = False
@@ -66,9 +68,33 @@ class MissingDependencyError(ExtractionError):
 
 
 class ExtractionLimitError(ExtractionError):
-    """The worker exceeded the time or memory limit; the reason names the limit."""
+    """A resource limit was exceeded on this content: the worker's time limit
+    (``RAG_EXTRACTION_TIMEOUT_S``), its memory limit (``RAG_EXTRACTION_MEMORY_MB``; also a worker
+    killed by SIGKILL, the OOM killer's signal, or a ``MemoryError`` inside it), OCR pages that cannot
+    fit the time limit. The reason names the limit.
 
-    terminal = False
+    Terminal: the same bytes under the same limits exceed them again, so retrying three times only
+    triples the cost (and a zip bomb would be unpacked three times). The document is tried again when
+    its content changes, or after ``rag-pipeline retry`` (e.g. once the limit was raised)."""
+
+    terminal = True
+
+
+class DocumentTooLargeError(ExtractionLimitError):
+    """The document is larger than ``RAG_MAX_DOCUMENT_MB`` (``Settings.max_document_mb``): refused
+    before it is read when the listing reports its size, else right after the fetch. The reason
+    gives the size and the cap."""
+
+    terminal = True
+
+
+class ExtractionCrashError(ExtractionError):
+    """The worker process died on this document from a fatal signal of its own (SIGSEGV, SIGBUS,
+    SIGABRT, SIGILL, SIGFPE: a parser or native library crashing on these bytes). Terminal: a crash on
+    the same bytes repeats. A worker that ends any other way (an exit code, SIGTERM/SIGINT from a
+    shutdown) stays a plain, transient ``ExtractionError``."""
+
+    terminal = True
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,20 @@ that dies, is replaced on the next call. The parent enforces the limits:
   (Tesseract, LibreOffice), polled every ``POLL_S`` seconds; the worker also gets an address-space
   data limit a little above it (``RLIMIT_DATA``) so a sudden allocation fails inside it.
 
-Exceeding either raises ``ExtractionLimitError`` whose reason names the limit.
+Exceeding either raises ``ExtractionLimitError`` whose reason names the limit; so do a ``MemoryError``
+inside the worker (the data limit hit; also when a parser wrapped it in another error) and a worker
+killed by SIGKILL (the kernel's OOM killer). A worker that dies from a fatal signal of its own
+(SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE: a native parser crashing on the bytes) raises
+``ExtractionCrashError``. Both are terminal (``types``): the same bytes under the same limits fail the
+same way again. A worker that ends otherwise (an exit code, SIGTERM/SIGINT) raises a plain, transient
+``ExtractionError``.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,10 +35,27 @@ from typing import Any
 
 from ..config import Settings
 from . import types as _types
-from .types import Extraction, ExtractionError, ExtractionLimitError
+from .types import Extraction, ExtractionCrashError, ExtractionError, ExtractionLimitError
 
 POLL_S = 0.1
 _DATA_LIMIT_HEADROOM_MB = 512
+_CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE})
+"""Signals a process dies from on its own (a crash), as opposed to being stopped from outside."""
+_EXIT_WAIT_S = 2.0
+"""How long to wait for a worker whose connection closed to report its exit status."""
+
+
+def _caused_by_memory_error(exc: BaseException) -> bool:
+    """``exc`` is a ``MemoryError`` or was raised while handling one (``raise ... from``, or implicitly):
+    a parser that catches every ``Exception`` turns the data limit into its own error message."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, MemoryError):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def _rebuild_error(class_name: str, reason: str) -> ExtractionError:
@@ -68,6 +92,7 @@ def _worker_main(conn: Any, memory_mb: int) -> None:
         def progress(done: int, total: int) -> None:
             conn.send(("progress", done, total))
 
+        memory_reason = f"memory limit exceeded ({memory_mb} MB)"
         try:
             settings = Settings(**settings_dict)
             result = extract_in_process(
@@ -75,11 +100,17 @@ def _worker_main(conn: Any, memory_mb: int) -> None:
             )
             conn.send(("ok", result))
         except ExtractionError as exc:
-            conn.send(("error", type(exc).__name__, exc.reason))
+            if not exc.terminal and _caused_by_memory_error(exc):  # e.g. "corrupt DOCX: MemoryError"
+                conn.send(("error", "ExtractionLimitError", memory_reason))
+            else:
+                conn.send(("error", type(exc).__name__, exc.reason))
         except MemoryError:
-            conn.send(("error", "ExtractionLimitError", f"memory limit exceeded ({memory_mb} MB)"))
+            conn.send(("error", "ExtractionLimitError", memory_reason))
         except BaseException as exc:  # noqa: BLE001 - report, never die silently
-            conn.send(("error", "ExtractionError", f"extraction failed: {type(exc).__name__}: {exc}"[:500]))
+            if _caused_by_memory_error(exc):
+                conn.send(("error", "ExtractionLimitError", memory_reason))
+            else:
+                conn.send(("error", "ExtractionError", f"extraction failed: {type(exc).__name__}: {exc}"[:500]))
 
 
 class Worker:
@@ -211,7 +242,7 @@ class Worker:
                 except (EOFError, OSError):
                     msg = None
                 if msg is None:
-                    code = self._proc.poll() if self._proc is not None else None
+                    code = self._exit_code()
                     self.kill()
                     raise self._death_error(code, limit_mb)
                 if msg[0] == "progress":
@@ -229,10 +260,24 @@ class Worker:
                 self.kill()
                 raise ExtractionLimitError(f"memory limit exceeded ({limit_mb:g} MB)")
 
+    def _exit_code(self) -> int | None:
+        """The worker's exit status once its connection closed: the socket can close a moment before
+        the process is reaped, so wait for it briefly (``None`` if it still runs)."""
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return None
+
     @staticmethod
     def _death_error(exitcode: int | None, limit_mb: float) -> ExtractionError:
-        if exitcode is not None and exitcode in (-9, 137):
+        """The error for a worker that died during a document (see the module docstring)."""
+        if exitcode is not None and exitcode in (-signal.SIGKILL, 128 + signal.SIGKILL):
             return ExtractionLimitError(f"memory limit exceeded ({limit_mb:g} MB): worker was killed")
+        if exitcode is not None and exitcode < 0 and -exitcode in _CRASH_SIGNALS:
+            name = signal.Signals(-exitcode).name
+            return ExtractionCrashError(f"extraction worker crashed ({name}) on this document")
         return ExtractionError(f"extraction worker died (exit code {exitcode})")
 
 

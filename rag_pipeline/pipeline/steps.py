@@ -24,7 +24,7 @@ import psycopg
 from rag_pipeline.chunking import Chunk, chunk_for_embedder
 from rag_pipeline.config import Settings
 from rag_pipeline.embedding.base import Embedder, EmbeddingError
-from rag_pipeline.extraction.types import Extraction, ExtractionError, NoTextError
+from rag_pipeline.extraction.types import DocumentTooLargeError, Extraction, ExtractionError, NoTextError
 from rag_pipeline.faults import checkpoint
 from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.pipeline.plan import Decision
@@ -104,10 +104,21 @@ def finish(ctx: RunContext, outcome: DocumentOutcome) -> DocumentOutcome:
     return outcome
 
 
+def _check_size(size: int | None, settings: Settings) -> None:
+    """Raise ``DocumentTooLargeError`` when ``size`` (bytes; ``None``: unknown) exceeds
+    ``settings.max_document_mb`` (0: no cap)."""
+    cap = settings.max_document_mb
+    if size is not None and cap > 0 and size > cap * 1024 * 1024:
+        raise DocumentTooLargeError(f"too large: {size / (1024 * 1024):,.1f} MB, over the {cap:,} MB cap "
+                                    "(RAG_MAX_DOCUMENT_MB)")
+
+
 def classify(exc: BaseException) -> tuple[str, str]:
     """``(reason, kind)`` of a step's exception, ``kind`` one of ``store.write.FAILURE_KINDS``: empty or
-    no text -> ``skipped``; deterministic content errors and a source's refusal -> ``terminal``; anything
-    else (timeouts, limits, services down, bugs) -> ``transient``."""
+    no text -> ``skipped``; deterministic content errors, a limit exceeded on this content (size, time,
+    memory, OCR pages: ``ExtractionLimitError``, ``DocumentTooLargeError``), a crash of the extraction
+    worker on it and a source's refusal -> ``terminal``; anything else (services down, fetch timeouts,
+    bugs) -> ``transient``."""
     if isinstance(exc, DocumentSkipped):
         return exc.reason, "terminal"
     if isinstance(exc, ExtractionError):
@@ -196,6 +207,8 @@ def fetch_and_extract(ctx: RunContext, source: Source | None, work: Work, *,
     try:
         if work.doc.skip_reason:
             raise DocumentSkipped(work.doc.skip_reason)
+        if work.data is None:
+            _check_size(work.doc.size, ctx.settings)  # the listing's size: refused without reading it
         if work.data is None and source is None:
             raise SourceError(f"{work.doc.source_id}: no source to fetch it from")
         data = work.data if work.data is not None else source.fetch(work.doc)
@@ -207,6 +220,7 @@ def fetch_and_extract(ctx: RunContext, source: Source | None, work: Work, *,
                 and work.decision == Decision.CHECK):
             return DocumentOutcome(work.doc.source_id, work.doc.title, Action.UNCHANGED, i.status, i.last_error,
                                    document_id, duration_s=time.perf_counter() - started)
+        _check_size(len(data), ctx.settings)  # a source that does not report sizes, or an attachment
         extraction = (reuse(sha) if reuse else None) or extract_or_reuse(ctx.conn, sha, data, work.doc, ctx.settings)
         checkpoint("pipeline.after_extract")
         return Prepared(work, document_id, sha, extraction, started)
