@@ -92,3 +92,19 @@ def settings(database_url) -> Settings:
 def store(database_url) -> Store:
     """The ``Store`` of this test's database."""
     return Store(database_url)
+
+
+@pytest.fixture
+def fetches(monkeypatch) -> list[str]:
+    """Source ids ``LocalFolderSource.fetch`` was called for during the test (the real fetch runs)."""
+    from rag_pipeline.sources.local import LocalFolderSource
+
+    seen: list[str] = []
+    real = LocalFolderSource.fetch
+
+    def counting(self, document):
+        seen.append(document.source_id)
+        return real(self, document)
+
+    monkeypatch.setattr(LocalFolderSource, "fetch", counting)
+    return seen

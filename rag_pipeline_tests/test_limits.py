@@ -150,20 +150,6 @@ def bombs() -> dict[str, bytes]:
 # --- helpers ----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fetched(monkeypatch) -> list[str]:
-    """Ids ``LocalFolderSource.fetch`` was called for (the real fetch runs)."""
-    calls: list[str] = []
-    real_fetch = LocalFolderSource.fetch
-
-    def fetch(self, doc):
-        calls.append(doc.source_id)
-        return real_fetch(self, doc)
-
-    monkeypatch.setattr(LocalFolderSource, "fetch", fetch)
-    return calls
-
-
 def rows(store, source: str, *ids: str) -> dict[str, tuple[str, int, str | None]]:
     """``(status, failure_count, last_error)`` per id, after checking the index invariant."""
     with store.connection() as conn:
@@ -191,7 +177,7 @@ def by_id(report) -> dict[str, tuple[str, str]]:
 
 
 def test_a_2gb_sparse_file_is_refused_unread_and_the_others_complete(settings, store, embedder, tmp_path,
-                                                                     fetched, monkeypatch):
+                                                                     fetches, monkeypatch):
     assert settings.max_document_mb == 200
     folder = tmp_path / "docs"
     folder.mkdir()
@@ -216,15 +202,15 @@ def test_a_2gb_sparse_file_is_refused_unread_and_the_others_complete(settings, s
     assert huge.reason == reason and huge.became_permanent and not huge.transient
     # never read: a stat-only listing (no verification, which would hash it), not fetched, never seen by
     # the extraction worker
-    assert report.mode == "full" and sorted(fetched) == ["note.md", "small.docx"]
+    assert report.mode == "full" and sorted(fetches) == ["note.md", "small.docx"]
     assert "huge.pdf" not in extracted and sorted(extracted) == ["note.md", "small.docx"]
     assert "heron" in chunk_text(store, src.name, "note.md") and "barge" in chunk_text(store, src.name, "small.docx")
 
     # the next sync leaves it alone (same size and mtime): still not read, not counted again
-    fetched.clear()
+    fetches.clear()
     report = sync_source(src, store, embedder, settings)
     assert by_id(report)["huge.pdf"] == ("skipped-unchanged", "permanently_failed")
-    assert fetched == [] and rows(store, src.name, "huge.pdf")["huge.pdf"] == ("permanently_failed", 1, reason)
+    assert fetches == [] and rows(store, src.name, "huge.pdf")["huge.pdf"] == ("permanently_failed", 1, reason)
 
 
 class UnsizedSource(MemorySource):

@@ -9,7 +9,6 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
 
 from rag_pipeline.pipeline.sync import EXIT_DOCUMENT_FAILURES, EXIT_OK, sync_source
 from rag_pipeline.sources.local import LocalFolderSource
@@ -33,20 +32,6 @@ def _row(store, source: str, sid: str):
     with store.connection() as conn:
         return conn.execute("SELECT status, version, modified_at, expires_at, last_error, seen_source_version "
                             "FROM documents WHERE source = %s AND source_id = %s", (source, sid)).fetchone()
-
-
-@pytest.fixture
-def fetches(monkeypatch) -> list[str]:
-    """Source ids fetched from local folders during the test (the real fetch runs)."""
-    seen: list[str] = []
-    real = LocalFolderSource.fetch
-
-    def counting(self, document):
-        seen.append(document.source_id)
-        return real(self, document)
-
-    monkeypatch.setattr(LocalFolderSource, "fetch", counting)
-    return seen
 
 
 def test_metadata_only_update_keeps_the_per_type_expiry(tmp_path, settings, store, embedder, fetches):

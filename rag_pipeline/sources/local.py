@@ -303,6 +303,15 @@ class LocalFolderSource:
                     subdirs.append((target, rel + "/", chain | {key}))
             stack.extend(reversed(subdirs))
 
+    def _require_root(self) -> None:
+        """Raise ``ListingIncompleteError`` unless the root is an existing directory (an unmounted share)."""
+        try:
+            root_is_dir = stat.S_ISDIR(os.stat(self.root).st_mode)
+        except OSError:
+            root_is_dir = False
+        if not root_is_dir:
+            raise ListingIncompleteError(f"source folder {self.root} does not exist or is not a directory")
+
     def list_documents(self, *, verify: bool = False) -> Inventory:
         """Walk the tree; return a complete ``Inventory`` of the selected regular files, sorted by id.
 
@@ -316,12 +325,7 @@ class LocalFolderSource:
 
         A single file never fails the listing (see module docstring). Raises ``ListingIncompleteError``
         when the root is missing or not a directory, or any directory under it cannot be listed."""
-        try:
-            root_is_dir = stat.S_ISDIR(os.stat(self.root).st_mode)
-        except OSError:
-            root_is_dir = False
-        if not root_is_dir:
-            raise ListingIncompleteError(f"source folder {self.root} does not exist or is not a directory")
+        self._require_root()
         documents = []
         for path, rel, real in self._walk():
             if not self._selected(rel):
@@ -344,12 +348,7 @@ class LocalFolderSource:
         or when a directory on the way cannot be read. A path through a symlinked directory, or one that
         cannot be stat-ed, is looked up in a full listing, so the answer is the listing's."""
         parts = check_id(source_id)
-        try:
-            root_is_dir = stat.S_ISDIR(os.stat(self.root).st_mode)
-        except OSError:
-            root_is_dir = False
-        if not root_is_dir:
-            raise ListingIncompleteError(f"source folder {self.root} does not exist or is not a directory")
+        self._require_root()
         if not self._selected(source_id):
             return None
         here = self.root
