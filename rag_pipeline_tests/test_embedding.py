@@ -40,3 +40,41 @@ def test_bf16_retrieval_agrees_with_float32(shared_dir):
     top16 = np.argsort(-sims16, axis=1)[:, :5]
     agreement = np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top32, top16)])
     assert agreement >= 0.95
+
+
+class _NaNOnce:
+    """Wraps a loaded model's ``encode``: the real vectors, with the first ``rows`` rows of the first call set
+    to NaN (what bfloat16 inference was seen to return once in the crash tests; it cannot be caused at will)."""
+
+    def __init__(self, model, rows: int = 1, calls: int = 1) -> None:
+        self.model, self.rows, self.calls = model, rows, calls
+        self.real = model.encode
+
+    def __call__(self, texts, **kw):
+        out = np.array(self.real(texts, **kw), dtype=np.float32)
+        if self.calls > 0:
+            self.calls -= 1
+            out[: self.rows] = np.nan
+        return out
+
+
+def test_non_finite_bf16_vectors_are_re_encoded_in_float32():
+    emb = SentenceTransformerEmbedder(bf16="on")
+    model = emb._load()
+    model.encode = _NaNOnce(model)  # the instance attribute shadows the method; float() keeps the instance
+    texts = ["the lighthouse keeper logged the storm", "tides follow the moon"]
+    vectors = emb.embed(texts)
+    assert np.isfinite(vectors).all() and emb.bf16 is False  # the process goes on in float32
+    expected = SentenceTransformerEmbedder(bf16="off").embed(texts)
+    assert np.min(np.sum(vectors * expected, axis=1)) >= 0.999
+
+
+def test_vectors_that_stay_non_finite_are_an_embedding_error():
+    from rag_pipeline.embedding import EmbeddingError
+
+    emb = SentenceTransformerEmbedder(bf16="off")
+    model = emb._load()
+    model.encode = _NaNOnce(model, rows=1, calls=10)
+    with pytest.raises(EmbeddingError, match="non-finite vectors for 1 of 1 texts"):
+        emb.embed(["a text the model turns into NaN"])
+    assert emb.calls == 0 and emb.embedded == 0

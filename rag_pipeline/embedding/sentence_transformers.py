@@ -145,23 +145,37 @@ class SentenceTransformerEmbedder:
         return self._model
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed ``texts`` (shape ``(n, dimension)``, float32, L2-normalised); raises ``EmbeddingError``."""
+        """Embed ``texts`` (shape ``(n, dimension)``, float32, L2-normalised, always finite); raises
+        ``EmbeddingError`` (also when the model returns NaN/inf, after one float32 retry of bfloat16)."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         unique = list(dict.fromkeys(texts))
         order = sorted(range(len(unique)), key=lambda i: len(unique[i]))
         model = self._load()
         checkpoint("embed.before")
+        ordered = [unique[i] for i in order]
         try:
-            vectors = model.encode(
-                [unique[i] for i in order], batch_size=self.batch_size, convert_to_numpy=True,
-                normalize_embeddings=True, show_progress_bar=False,
-            )
+            vectors = np.asarray(model.encode(ordered, batch_size=self.batch_size, convert_to_numpy=True,
+                                              normalize_embeddings=True, show_progress_bar=False), dtype=np.float32)
+            bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+            if len(bad) and self.bf16:
+                # bfloat16 inference gave NaN/inf for some texts (seen rarely on CPUs with AVX512-BF16):
+                # this process goes on in float32, and those texts are encoded again
+                log.warning("%s: %d of %d vectors not finite in bfloat16; switching to float32 and re-encoding",
+                            self.model_id, len(bad), len(ordered))
+                with self._lock:
+                    self._model = model = model.float()
+                    self.bf16 = False
+                vectors[bad] = model.encode([ordered[i] for i in bad], batch_size=self.batch_size,
+                                            convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+                bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
         except Exception as exc:  # torch/tokenizer errors surface as many types
             raise EmbeddingError(f"embedding {len(unique)} texts with {self.model_id} failed: {exc}") from exc
+        if len(bad):
+            raise EmbeddingError(f"embedding with {self.model_id} returned non-finite vectors for {len(bad)} of "
+                                 f"{len(unique)} texts")
         self.calls += 1
         self.embedded += len(unique)
-        vectors = np.asarray(vectors, dtype=np.float32)
         # bfloat16 normalisation is only good to ~3 digits: renormalise in float32
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         by_text = {unique[i]: vectors[j] for j, i in enumerate(order)}
