@@ -86,7 +86,6 @@ class _Progress:
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         if event == "plan":
-            self.total = data["work"]
             if self.bar is not None:
                 self.bar.update(self.task, description="syncing", total=data["work"] or 1, completed=0)
             elif data["work"]:

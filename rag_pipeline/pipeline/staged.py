@@ -21,7 +21,7 @@ from rag_pipeline.pipeline.plan import IDLE, Decision, plan_document
 from rag_pipeline.pipeline.steps import Prepared, RunContext, Work
 from rag_pipeline.sources.base import Inventory, Source, SourceDocument, SourceError
 from rag_pipeline.store import staging
-from rag_pipeline.store.index import document_from_index, find_document
+from rag_pipeline.store.index import IndexedDocument, document_from_index, find_document
 
 
 def work_for(ctx: RunContext, doc: SourceDocument, *, model: str | None = None) -> Work:
@@ -127,24 +127,26 @@ def stage_markdown(ctx: RunContext, source: Source, doc: SourceDocument, *,
         return result
 
 
-def _prepared(ctx: RunContext, source_id: str) -> tuple[Prepared | None, DocumentOutcome | None]:
+def _prepared(ctx: RunContext, source_id: str) -> tuple[IndexedDocument | None, Prepared | None, DocumentOutcome | None]:
+    """The document's row, and its staged work as ``Prepared`` or the outcome saying why there is none."""
     i = find_document(ctx.conn, ctx.source, source_id)
     if i is None or i.status == "deleted":
-        return None, DocumentOutcome(source_id, None, Action.UNCHANGED, i.status if i else None, "not in the index",
-                                     i.id if i else None)
+        return i, None, DocumentOutcome(source_id, None, Action.UNCHANGED, i.status if i else None,
+                                        "not in the index", i.id if i else None)
     staged = staging.load_stage(ctx.conn, i.id)
     if staged is None:
-        return None, DocumentOutcome(source_id, i.title, Action.UNCHANGED, i.status, "nothing staged: no new content",
-                                     i.id, i.version, chunk_count=i.stored_chunks if i.status == "completed" else None)
+        return i, None, DocumentOutcome(source_id, i.title, Action.UNCHANGED, i.status,
+                                        "nothing staged: no new content", i.id, i.version,
+                                        chunk_count=i.stored_chunks if i.status == "completed" else None)
     work = Work(staged.listing, i, Decision.REPAIR if i.status == "completed" and staged.content_sha256 ==
                 i.content_sha256 else Decision.CHANGE)
-    return Prepared(work, i.id, staged.content_sha256, staged.extraction, time.perf_counter(), staged.chunks), None
+    return i, Prepared(work, i.id, staged.content_sha256, staged.extraction, time.perf_counter(), staged.chunks), None
 
 
 def stage_chunks(ctx: RunContext, source_id: str, embedder: Embedder) -> Prepared | DocumentOutcome:
     """``document_chunks``: chunk the staged Markdown (``steps.chunk``) and stage the chunks."""
     with document_step(ctx.conn, ctx.source, [source_id]):
-        p, done = _prepared(ctx, source_id)
+        _, p, done = _prepared(ctx, source_id)
         if p is None:
             return done
         result = steps.chunk(ctx, replace(p, chunks=None), embedder)
@@ -166,11 +168,10 @@ def write_embeddings(ctx: RunContext, source_ids: Sequence[str], embedder: Embed
     with document_step(ctx.conn, ctx.source, ids):
         ready: list[Prepared] = []
         for sid in ids:
-            p, done = _prepared(ctx, sid)
+            i, p, done = _prepared(ctx, sid)
             if p is not None and p.chunks is not None:
                 ready.append(p)
                 continue
-            i = find_document(ctx.conn, ctx.source, sid)
             if i is not None and i.status == "completed" and i.version > 0 and (
                     force or (i.embedding_model or embedder.model_id) != embedder.model_id):
                 ready.append(steps.stored_version(ctx, Work(document_from_index(i), i, Decision.REEMBED),

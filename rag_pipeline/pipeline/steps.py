@@ -16,7 +16,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import psycopg
@@ -370,15 +370,6 @@ def attachments(ctx: RunContext, parent: Prepared, *, model: str) -> list[Work]:
                     and c.status == "completed")]
 
 
-@dataclass
-class Progress:
-    """Counts for a caller's progress display: documents ``done`` of ``total``."""
-
-    done: int = 0
-    total: int = 0
-    outcomes: list[DocumentOutcome] = field(default_factory=list)
-
-
 def process(ctx: RunContext, source: Source | None, work_items: Sequence[Work], embedder: Embedder, *,
             batch_documents: int | None = None, emit: Callable[..., None] | None = None) -> list[DocumentOutcome]:
     """The steps in memory for ``work_items``, ``batch_documents`` at a time (default
@@ -388,32 +379,32 @@ def process(ctx: RunContext, source: Source | None, work_items: Sequence[Work], 
     (``count``) and ``document`` (``outcome``)."""
     size = batch_documents or ctx.settings.sync_batch_documents
     queue = list(work_items)
-    state = Progress(total=len(queue))
+    done, total, outcomes = 0, len(queue), []
     while queue:
         batch, queue = queue[:size], queue[size:]
         ready: list[Prepared] = []
         for work in batch:
             if emit:
-                emit("start", source_id=work.doc.source_id, done=state.done, total=state.total)
-            state.done += 1
+                emit("start", source_id=work.doc.source_id, done=done, total=total)
+            done += 1
             step = fetch_and_extract(ctx, source, work)
             if isinstance(step, Prepared):
                 step = chunk(ctx, step, embedder)
             if isinstance(step, Prepared):
                 ready.append(step)
             else:
-                state.outcomes.append(step)
+                outcomes.append(step)
                 if emit:
                     emit("document", outcome=step)
         for p, outcome in embed_and_write(ctx, ready, embedder, emit=emit):
-            state.outcomes.append(outcome)
+            outcomes.append(outcome)
             if emit:
                 emit("document", outcome=outcome)
             if outcome.status == "completed":
                 children = attachments(ctx, p, model=embedder.model_id)
                 queue.extend(children)
-                state.total += len(children)
-    return state.outcomes
+                total += len(children)
+    return outcomes
 
 
 def delete(ctx: RunContext, documents: Sequence[IndexedDocument], reason: str = "gone from the source") -> list[DocumentOutcome]:
