@@ -172,6 +172,13 @@ def _print_report(report) -> None:
             console.print(f"kept (gone from the listing): {escape(names)}")
     elif report.deleted:
         console.print(f"deleted {_plural(len(report.deleted), 'document')} gone from the source")
+    if report.hidden:
+        console.print(f"hidden from queries until listed again or deleted: {_plural(report.hidden, 'document')}")
+    p = report.permissions
+    if p is not None and p.mode != "skipped":
+        console.print(f"permissions ({p.mode}): {p.read} read, {p.updated} changed, {len(p.unreadable)} unreadable "
+                      f"(readable by nobody), {_plural(p.groups, 'group')} expanded"
+                      + (f", [red]{len(p.group_errors)} group(s) unreadable[/red]" if p.group_errors else ""))
 
 
 def _resolve_source(conn, given: str | None) -> str:
@@ -320,29 +327,58 @@ def sources_retire(
 def query_cmd(
     text: Annotated[str, typer.Argument(help="the question")],
     k: Annotated[int, typer.Option("-k", help="how many chunks")] = 5,
+    as_: Annotated[Optional[list[str]], typer.Option(
+        "--as", help="the principal the query runs as (repeatable): a bare name or e-mail means user:<it>; "
+                     "or user:..., group:<source>:<id>, domain:..., everyone")] = None,
+    admin: Annotated[bool, typer.Option(help="an unfiltered query (every document, whoever may read it)")] = False,
+    recheck: Annotated[bool, typer.Option(
+        help="ask each hit's source (RAG_SOURCES) whether the principal may still read it; drop those it may not")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
-    """Return the k best chunks (title, uri, version, score); the query is logged in retrieval_log."""
+    """Return the k best chunks the principal may read (title, uri, version, score); the query, the
+    principal and what the permission filter removed are logged in retrieval_log."""
+    from rag_pipeline.permissions import parse_principal
     from rag_pipeline.retrieval import query
 
     if k < 1:
         raise typer.BadParameter("-k must be at least 1")
     if not text.strip():
         raise typer.BadParameter("the question is empty")
+    if not as_ and not admin:
+        raise _fail("say who asks: --as PRINCIPAL (e.g. --as ada@example.com), or --admin for an unfiltered query", 2)
+    try:
+        principals = [parse_principal(p) for p in as_ or []]
+    except ValueError as exc:
+        raise typer.BadParameter(f"--as: {exc}") from None
+    sources = _configured_sources() if recheck else None
     embedder, store = _open_index(_settings())
-    hits = query(store, embedder, text, k=k)
+    hits = query(store, embedder, text, k=k, principals=principals, admin=admin, recheck=recheck, sources=sources)
     if as_json:
         sys.stdout.write(json.dumps([{"score": h.score, "title": h.title, "uri": h.uri, "version": h.version,
-                                      "pages": h.pages, "text": h.text} for h in hits], indent=2) + "\n")
+                                      "source": h.source, "source_id": h.source_id, "pages": h.pages,
+                                      "text": h.text} for h in hits], indent=2) + "\n")
         return
     if not hits:
-        console.print("no results (is the index empty? run `rag-pipeline sync PATH` first)")
+        console.print("no results (nothing this principal may read matches; is the index empty? "
+                      "run `rag-pipeline sync PATH` first)")
         raise typer.Exit(1)
     for rank, h in enumerate(hits, 1):
         pages = f" p.{','.join(map(str, h.pages))}" if h.pages else ""
         console.rule(escape(f"#{rank} score {h.score:.3f} · {h.title} (v{h.version}){pages}"))
         console.print(f"[dim]{escape(h.uri or '')}[/dim]")
         console.print(h.text[:600] + ("…" if len(h.text) > 600 else ""), markup=False)
+
+
+def _configured_sources() -> dict[str, Any]:
+    """The connectors of ``RAG_SOURCES`` by their index name (for ``--recheck``; read with the Dagster code
+    location's own configuration loader, imported only here)."""
+    from rag_pipeline.defs.sources.config import load_source_specs
+
+    try:
+        built = [spec.source.build() for spec in load_source_specs()]
+    except (ValueError, KeyError) as exc:
+        raise _fail(f"--recheck needs the sources (RAG_SOURCES): {exc}") from None
+    return {src.name: src for src in built}
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

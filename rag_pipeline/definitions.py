@@ -27,6 +27,8 @@ from rag_pipeline.defs.ingestion.resources import (
 )
 from rag_pipeline.defs.operations.assets import dead_letter_report
 from rag_pipeline.defs.operations.jobs import dead_letter_job, dead_letter_schedule, retry_failed_documents
+from rag_pipeline.defs.permissions.assets import build_permission_assets
+from rag_pipeline.defs.permissions.jobs import build_permission_job, build_permission_sensor
 from rag_pipeline.defs.sources.assets import build_source_assets
 from rag_pipeline.defs.sources.config import SourceSpec, load_source_specs
 from rag_pipeline.defs.sources.jobs import build_inventory_job, build_reconcile_job, build_reconcile_schedule
@@ -35,18 +37,21 @@ from rag_pipeline.defs.sources.sensors import build_source_diff_sensor
 
 def build_definitions(specs: Sequence[SourceSpec] = (), *, resources: Mapping[str, Any] | None = None) -> dg.Definitions:
     """All definitions for ``specs``: shared per-document assets and checks, then per source its inventory
-    and purge assets, inventory and reconcile jobs, diff sensor and daily schedule. ``resources`` override
+    and purge assets, inventory and reconcile jobs, diff sensor and daily schedule, and its permission-sync
+    asset, job and sensor. ``resources`` override
     the defaults (tests point ``rag_settings``/``store`` at their database, ``notifier`` at a fake server)."""
     assets: list[Any] = [document_markdown, document_chunks, document_embeddings, dead_letter_report]
     jobs: list[Any] = [ingest_job, index_checks_job, retry_failed_documents, dead_letter_job]
     sensors: list[Any] = [document_failure_sensor]
     schedules: list[Any] = [index_checks_schedule, dead_letter_schedule]
     for spec in specs:
-        assets.extend(build_source_assets(spec))
+        assets.extend(build_source_assets(spec) + build_permission_assets(spec))
         inventory_job = build_inventory_job(spec)
         reconcile_job = build_reconcile_job(spec)
-        jobs.extend([inventory_job, reconcile_job])
+        permission_job = build_permission_job(spec)
+        jobs.extend([inventory_job, reconcile_job, permission_job])
         sensors.append(build_source_diff_sensor(spec, ingest_job, inventory_job))
+        sensors.append(build_permission_sensor(spec, permission_job))
         schedules.append(build_reconcile_schedule(spec, reconcile_job))
     default_resources: dict[str, Any] = {
         "rag_settings": SettingsResource(),

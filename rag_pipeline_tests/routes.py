@@ -17,6 +17,9 @@ notifier=None) -> RouteResult``: one pass of a caller over one source.
   ``allow_mass_delete`` is the operator's override: the inventory materialized with
   ``allow_mass_delete: true``.
 
+``route.sync_permissions(source, store, embedder, settings)`` runs the permission sync alone on either
+route (the core function; the ``<name>/source_permissions`` asset its sensor requests).
+
 Both routes are judged on the same truth, read back from PostgreSQL: the ``ingest_log`` rows the call
 wrote (``RouteResult.rows``; ``actions``/``deleted``/``failed``/``embedded`` derive from them). The deletion
 guard's verdict comes from the caller's own record (``SyncReport.guard``; the ``deletion_guard`` check
@@ -66,6 +69,7 @@ from rag_pipeline.defs.ingestion.resources import (
     SourcesResource,
     StoreResource,
 )
+from rag_pipeline.defs.permissions.assets import build_permission_assets, permissions_key
 from rag_pipeline.defs.sources.assets import (
     build_source_assets,
     inventory_key,
@@ -73,6 +77,7 @@ from rag_pipeline.defs.sources.assets import (
 )
 from rag_pipeline.defs.sources.config import SourceSpec
 from rag_pipeline.embedding.base import Embedder
+from rag_pipeline.permissions import sync_permissions
 from rag_pipeline.pipeline.inventory import cursor_after, list_and_diff
 from rag_pipeline.pipeline.plan import Decision, GuardResult, PlannedDocument
 from rag_pipeline.pipeline.steps import Notifier
@@ -213,6 +218,13 @@ class CliRoute:
         stray = {r.run_id for r in rows} - {f"sync:{report.run_id}"}
         assert not stray, f"ingest_log rows of other runs during sync run {report.run_id}: {stray}"
         return RouteResult("cli", source.name, rows, report.guard, report.mode, report.listing_error, report)
+
+    def sync_permissions(self, source: Source, store: Store, embedder: Embedder, settings: Settings) -> dict:
+        """The permission sync alone (``permissions.sync_permissions``, which every CLI sync also runs):
+        ``PermissionReport.summary()`` plus ``check_passed`` (no unreadable document or group)."""
+        with store.connection() as conn:
+            report = sync_permissions(source, conn, settings)
+        return {**report.summary(), "check_passed": not report.unreadable and not report.group_errors}
 
     def close(self) -> None:
         """Nothing to release."""
@@ -437,6 +449,20 @@ class DagsterRoute:
         runs.append(("inventory+purge" if purge else "inventory", None, result.success))
         (check,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "deletion_guard"]
         return _guard_from_check(check, settings)
+
+    def sync_permissions(self, source: Source, store: Store, embedder: Embedder, settings: Settings) -> dict:
+        """What ``<name>_permission_sensor`` requests: a run of ``<name>/source_permissions``; its metadata
+        plus ``check_passed`` (the ``permissions_readable`` check). Raises ``RouteError`` if the run failed."""
+        with self._bind(source, store, embedder, settings, None) as (name, resources):
+            spec = SourceSpec(name, SourceResource(kind="local", path="/nonexistent"))  # only its name is used
+            result = dg.materialize(build_permission_assets(spec), instance=self.instance, resources=resources,
+                                    tags={"rag/source": name}, raise_on_error=False)
+        errors = _run_errors(result)
+        if errors or not result.success:
+            raise RouteError(f"permission run {result.run_id} of {name} failed: " + "; ".join(errors))
+        (m,) = result.asset_materializations_for_node("__".join(permissions_key(name).path))
+        (check,) = result.get_asset_check_evaluations()
+        return {**{k: v.value for k, v in m.metadata.items()}, "check_passed": bool(check.passed)}
 
     def reap_interrupted(self) -> int:
         """Mark every ``STARTED``/``STARTING`` run as failed (a killed process's run); return how many."""

@@ -4,6 +4,7 @@ commands (status, status --failed, retry, sources retire, the guard's override).
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -42,9 +43,18 @@ def test_sync_query_status_and_exit_codes(tmp_path, database_url):
     assert "3 listed; 3 unchanged; 0 chunk texts embedded" in again.stdout
     assert "bees.md" not in again.stdout
 
-    answer = _cli("query", "why do bees dance?", "-k", "1", database_url=database_url)
+    refused = _cli("query", "why do bees dance?", "-k", "1", database_url=database_url)
+    assert refused.returncode == 2 and "--as PRINCIPAL" in refused.stdout + refused.stderr  # nobody named: refused
+    # the files belong to this process's user (POSIX owner -> user:<login name>)
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    answer = _cli("query", "why do bees dance?", "-k", "1", "--as", owner, database_url=database_url)
     assert answer.returncode == 0, answer.stderr
     assert "bees.md" in answer.stdout and "waggle dance" in answer.stdout
+    stranger = _cli("query", "why do bees dance?", "-k", "1", "--as", "user:no-such-login-here",
+                    "--json", database_url=database_url)
+    (bees,) = [f for f in folder.iterdir() if f.name == "bees.md"]
+    world_readable = bool(bees.stat().st_mode & 0o004)
+    assert ("bees.md" in stranger.stdout) == world_readable, stranger.stdout  # only via `everyone`
 
     status = _cli("status", database_url=database_url)
     assert status.returncode == 0, status.stdout  # skipped documents are listed, not counted as failures

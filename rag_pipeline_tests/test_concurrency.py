@@ -173,12 +173,12 @@ def test_readers_see_the_old_version_until_the_swap_commits(tmp_path, settings, 
                 assert check_index(conn) == []
                 row = document(conn, src.name, "one.md")
                 assert (row["version"], row["stored"], row["all_chunks"]) == (1, 1, 1)
-            hits = query(store, embedder, new_text, k=5, source=src.name)
+            hits = query(store, embedder, new_text, k=5, source=src.name, admin=True)
             assert [(h.version, h.text) for h in hits] == [(1, old_text)]
         finally:
             release.set()
         assert running.result(timeout=120).exit_code == EXIT_OK
-    hits = query(store, embedder, new_text, k=5, source=src.name)
+    hits = query(store, embedder, new_text, k=5, source=src.name, admin=True)
     assert [(h.version, h.text) for h in hits] == [(2, new_text)]
 
 

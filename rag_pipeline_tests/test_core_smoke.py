@@ -13,7 +13,7 @@ def test_sync_then_query_then_noop(tmp_path, settings, store, embedder):
     source = LocalFolderSource(tmp_path)
     report = sync_source(source, store, embedder, settings)
     assert {d.source_id: d.status for d in report.documents} == {"a.md": "completed", "b.txt": "completed"}
-    hits = query(store, embedder, "how do submarines dive?", k=1)
+    hits = query(store, embedder, "how do submarines dive?", k=1, admin=True)
     assert hits[0].source_id == "b.txt"
     calls = embedder.calls
     again = sync_source(source, store, embedder, settings)

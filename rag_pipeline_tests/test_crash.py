@@ -345,7 +345,7 @@ def test_embedder_failing_mid_batch(error, tmp_path, database_url, store, embedd
             sync_source(source, store, failing, settings)
     assert_crash_consistent_after_failure(store, name, folder, second_batch, error)
     # The failed documents' previous version is what readers find.
-    hits = query(store, embedder, old_first[second_batch[0]], k=1, source=name)
+    hits = query(store, embedder, old_first[second_batch[0]], k=1, source=name, admin=True)
     assert (hits[0].source_id, hits[0].version) == (second_batch[0], 1)
 
     report = sync_source(source, store, embedder, settings)

@@ -1,6 +1,7 @@
-"""Upgrading an index made by revision 0002 (with data) to 0003: existing rows land in the new states and
-vocabulary (empty/no-text documents become ``skipped``, run ids become text, the chunks' model is recorded
-on each document), and the upgraded index syncs like a new one."""
+"""Upgrading an index made by revision 0002 (with data) to the head: existing rows land in the new states and
+vocabulary (0003: empty/no-text documents become ``skipped``, run ids become text, the chunks' model is
+recorded on each document; 0004: every document readable by nobody until its permissions are read), and the
+upgraded index syncs like a new one."""
 
 from __future__ import annotations
 
@@ -56,8 +57,12 @@ def test_an_0002_index_with_data_upgrades(pg_server, tmp_path, embedder, setting
         assert rows == {"empty.txt": ("skipped", 0, None), "blank.md": ("skipped", 0, None),
                         "locked.pdf": ("permanently_failed", 0, None), "ok.md": ("completed", 0, "old-model")}
         assert conn.execute("SELECT run_id FROM ingest_log ORDER BY id").fetchall() == [("sync:7",), (None,)]
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "0003"
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == "0004"
         assert check_index(conn) == []
+        # 0004: existing documents are readable by nobody (never "everyone" by accident) until a sync reads them
+        scopes = conn.execute("SELECT DISTINCT principals, permissions_error LIKE 'permissions not read yet%', "
+                              "hidden_reason FROM documents").fetchall()
+        assert scopes == [([], True, None)]
 
     folder = tmp_path / "docs"  # the upgraded index syncs like a new one
     folder.mkdir()

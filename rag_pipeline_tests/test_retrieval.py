@@ -20,7 +20,7 @@ def test_expired_documents_are_excluded(tmp_path, settings, store, embedder):
     os.utime(old, (year_ago, year_ago))
     settings = settings.model_copy(update={"expiry_days": {"md": 30}})  # Markdown expires after 30 days
     assert sync_source(LocalFolderSource(tmp_path), store, embedder, settings).ok
-    hits = query(store, embedder, "savings account interest rate", k=5)
+    hits = query(store, embedder, "savings account interest rate", k=5, admin=True)
     assert [h.source_id for h in hits] == ["rates.txt"]
     with store.connection() as conn:
         expires = conn.execute("SELECT source_id, expires_at IS NOT NULL FROM documents ORDER BY 1").fetchall()
@@ -34,7 +34,7 @@ def test_every_query_is_logged_with_versions_and_ages(tmp_path, settings, store,
     sync_source(source, store, embedder, settings)
     doc.write_text("Penguins live in the southern hemisphere, mostly in Antarctica.\n")
     sync_source(source, store, embedder, settings)
-    hits = query(store, embedder, "where do penguins live?", k=3)
+    hits = query(store, embedder, "where do penguins live?", k=3, admin=True)
     assert len(hits) == 1 and hits[0].version == 2 and "Antarctica" in hits[0].text  # never the old version
     with store.connection() as conn:
         row = conn.execute("SELECT query, k, chunk_ids, scores, document_ids, versions, document_ages_s "
@@ -47,6 +47,6 @@ def test_every_query_is_logged_with_versions_and_ages(tmp_path, settings, store,
 
 def test_bad_queries_are_clear_errors(store, embedder):
     with pytest.raises(ValueError, match="k must be"):
-        query(store, embedder, "x", k=0)
+        query(store, embedder, "x", k=0, admin=True)
     with pytest.raises(ValueError, match="empty"):
-        query(store, embedder, "   ")
+        query(store, embedder, "   ", admin=True)

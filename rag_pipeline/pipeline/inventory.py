@@ -13,6 +13,7 @@ import logging
 import psycopg
 
 from rag_pipeline.config import Settings
+from rag_pipeline.permissions.visibility import apply_guard_visibility
 from rag_pipeline.pipeline.plan import SourceDiff, diff_documents
 from rag_pipeline.sources.base import ChangeFeedUnavailable, Source, SourceDocument, SourceError
 from rag_pipeline.store import staging
@@ -100,10 +101,12 @@ def cursor_after(diff: SourceDiff, previous: str | None) -> str | None:
 def take_inventory(source: Source, conn: psycopg.Connection, settings: Settings, *, model: str | None = None,
                    allow_mass_delete: bool = False, confirm_delete: int | None = None) -> SourceDiff:
     """A full listing + diff whose vanished documents become the source's pending deletions when the guard
-    passes; the pending list is emptied when it does not (nothing can be purged then). The Dagster
+    passes; the pending list is emptied when it does not (nothing can be purged then), and the held
+documents are hidden or shown by the source's policy (``permissions.visibility``). The Dagster
     ``source_inventory`` asset; ``pipeline.staged.purge_deletions`` applies the list."""
     diff = list_and_diff(source, conn, settings, model=model, allow_mass_delete=allow_mass_delete,
                          confirm_delete=confirm_delete)
     staging.replace_pending_deletions(
         conn, source.name, [(i.id, i.source_id) for i in diff.vanished] if diff.guard.passed else [])
+    apply_guard_visibility(conn, source, diff)
     return diff

@@ -12,6 +12,7 @@ from datetime import datetime
 import psycopg
 
 from rag_pipeline.config import Settings
+from rag_pipeline.permissions.sync import permission_cursor_key
 from rag_pipeline.pipeline import steps
 from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.pipeline.steps import RunContext
@@ -57,13 +58,14 @@ def retry(conn: psycopg.Connection, source: str, source_ids: Sequence[str] = (),
 
 def retire(conn: psycopg.Connection, source: str, *, run_id: str, settings: Settings) -> list[DocumentOutcome]:
     """Remove a source deliberately: tombstone every live document of ``source`` (chunks removed at once,
-    logged ``deleted`` with reason ``source retired``) and forget its cursor. The deletion guard does not
+    logged ``deleted`` with reason ``source retired``) and forget its cursors and group memberships. The deletion guard does not
     apply: this is the explicit act it asks for."""
     state = load_index_state(conn, source, count_rows=False)
     ctx = RunContext(conn, source, settings, run_id)
     outcomes = steps.delete(ctx, [i for i in state.values() if i.live], reason="source retired")
-    conn.execute("DELETE FROM source_cursors WHERE source = %s", (source,))
+    conn.execute("DELETE FROM source_cursors WHERE source = ANY(%s)", ([source, permission_cursor_key(source)],))
     conn.execute("DELETE FROM pending_deletions WHERE source = %s", (source,))
+    conn.execute("DELETE FROM group_members WHERE source = %s", (source,))
     return outcomes
 
 

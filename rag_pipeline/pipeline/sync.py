@@ -7,7 +7,9 @@ chunks of its current version; a document that left the source has none (once th
 agrees); every status tells the truth.
 
 Order of work: documents to add or update first (so a moved file can reuse the vectors of its old path),
-then deletions, then the cursor (saved only after the work it covers has committed). The whole run holds
+then deletions (or, when the guard holds them back, hiding them: ``permissions.visibility``), then the
+cursor (saved only after the work it covers has committed), then the permission sync
+(``permissions.sync``: who may read each document, from the source's own permission data). The whole run holds
 the source's lock exclusively (``pipeline.locks``).
 """
 
@@ -24,6 +26,8 @@ import psycopg
 from rag_pipeline.config import Settings
 from rag_pipeline.embedding.base import Embedder
 from rag_pipeline.faults import checkpoint
+from rag_pipeline.permissions.sync import PermissionReport, sync_permissions
+from rag_pipeline.permissions.visibility import apply_guard_visibility
 from rag_pipeline.pipeline import steps
 from rag_pipeline.pipeline.inventory import VERIFY_MODE, cursor_after, list_and_diff, verification_due
 from rag_pipeline.pipeline.locks import document_locks, source_lock
@@ -43,7 +47,9 @@ EXIT_OK, EXIT_DOCUMENT_FAILURES, EXIT_GUARD, EXIT_LOCKED = 0, 1, 2, 3
 class SyncReport:
     """The outcome of ``sync_source``: per-document ``documents`` (every listed one, unchanged ones with
     action ``skipped-unchanged``, and deletions), ``deleted`` source ids, the ``guard``, ``lock`` (acquired |
-    waited | skipped), ``mode`` (full | full+verify | changes | none), ``held_back`` (ids the guard kept)."""
+    waited | skipped), ``mode`` (full | full+verify | changes | none), ``held_back`` (ids the guard kept),
+    ``hidden`` (of those, how many queries no longer see: ``permissions.visibility``), ``permissions`` (the
+    permission sync that followed the content: ``permissions.sync.PermissionReport``)."""
 
     source: str
     run_id: int | None
@@ -57,6 +63,8 @@ class SyncReport:
     duration_s: float = 0.0
     held_back: list[str] = field(default_factory=list)
     listed: int = 0
+    hidden: int = 0
+    permissions: PermissionReport | None = None
 
     @property
     def failed(self) -> list[DocumentOutcome]:
@@ -165,6 +173,7 @@ def _sync_locked(source: Source, conn: psycopg.Connection, embedder: Embedder, s
                         {"source": source.name, "listed": guard.listed, "indexed": guard.indexed,
                          "to_delete": guard.to_delete})
 
+    hidden, _ = apply_guard_visibility(conn, source, diff)
     checkpoint("sync.before_cursor")
     next_cursor = cursor_after(diff, None)
     if diff.next_cursor and next_cursor is None:
@@ -172,6 +181,7 @@ def _sync_locked(source: Source, conn: psycopg.Connection, embedder: Embedder, s
     if next_cursor:
         idx.save_cursor(conn, source.name, next_cursor)
     steps.notify_permanent(notifier, source.name, outcomes, max_failures=settings.max_failures)
+    permissions = sync_permissions(source, conn, settings)
 
     idle = [DocumentOutcome(p.doc.source_id, p.doc.title, Action.UNCHANGED, p.indexed.status,
                             p.indexed.last_error if p.indexed.status != "completed" else None, p.indexed.id,
@@ -179,10 +189,11 @@ def _sync_locked(source: Source, conn: psycopg.Connection, embedder: Embedder, s
     report = SyncReport(source.name, run_id, mode, lock, guard, idle + outcomes + deleted, [o.source_id for o in deleted],
                         diff.listing_error, sum(o.embedded for o in outcomes), time.perf_counter() - started,
                         held_back=[] if guard.passed else sorted(i.source_id for i in diff.vanished),
-                        listed=diff.listed)
+                        listed=diff.listed, hidden=hidden, permissions=permissions)
     status = {EXIT_OK: "succeeded", EXIT_DOCUMENT_FAILURES: "documents_failed", EXIT_GUARD: "guard_tripped"}[
         report.exit_code]
     idx.finish_run(conn, run_id, status=status, mode=mode, listed=diff.listed, guard_passed=guard.passed,
                    guard_reason=guard.reason, counts={**report.counts(), "embedded": report.embedded,
-                                                                "held_back": report.held_back[:100]})
+                                                                "held_back": report.held_back[:100], "hidden": hidden,
+                                                                "permissions": permissions.summary()})
     return report

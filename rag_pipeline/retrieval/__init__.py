@@ -1,16 +1,55 @@
-"""Retrieval: top-k chunks by cosine similarity, current versions only, expired documents excluded;
-every query and what it returned is written to ``retrieval_log``."""
+"""Retrieval: top-k chunks by cosine similarity that the caller may read, current versions only.
+
+Every query names who asks: ``principals`` (expanded with ``everyone``, their e-mail domains and every
+group that contains them, from ``group_members``), or ``admin=True`` for an unfiltered query; a query
+with neither raises ``AccessDenied``. Only chunks of a document's current ``version`` of a non-deleted,
+non-hidden document whose ``expires_at`` is unset or in the future, embedded with the configured model,
+and whose scope (``documents.principals``) meets the caller's expanded principals are eligible.
+
+``search`` is the one query of the index (``query`` and ``benchmarks/bench_permissions.py`` call it):
+
+* a caller who can read fewer than ``EXACT_BELOW_DOCUMENTS`` documents gets an exact answer (those
+  documents' chunks, found through the GIN index on ``documents.principals``, ranked by distance);
+* otherwise pgvector's HNSW index with its iterative scan (``hnsw.iterative_scan = relaxed_order``,
+  re-ordered by distance), so a filter keeps scanning instead of returning fewer rows; should it still
+  come back short of ``k`` (the scan's ``hnsw.max_scan_tuples`` reached), the exact query answers.
+
+So a query returns exactly ``min(k, eligible chunks)`` rows. ``query`` logs every query to
+``retrieval_log``: the principals, how many of the unfiltered top-k the permission filter removed, and
+with ``recheck=True`` how many hits the source's fresh answer dropped (``rag_pipeline.permissions``).
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
+import psycopg
 
 from rag_pipeline.embedding.base import Embedder
 from rag_pipeline.store.db import Store
+
+EXACT_BELOW_DOCUMENTS = 2000
+"""A caller who can read fewer documents than this is answered by an exact scan of their chunks."""
+EF_SEARCH = 100
+"""``hnsw.ef_search`` of the approximate path (at least ``4 * k``)."""
+
+_VISIBLE = """d.status IN ('completed', 'failed', 'permanently_failed', 'pending')
+  AND d.deleted_at IS NULL AND d.hidden_reason IS NULL
+  AND (d.expires_at IS NULL OR d.expires_at > now())
+  AND c.embedding_model = %(model)s
+  AND (%(source)s::text IS NULL OR d.source = %(source)s::text)"""
+_READABLE = "(%(readable)s::text[] IS NULL OR d.principals && %(readable)s::text[])"
+_COLUMNS = """c.id, d.id, d.source, d.source_id, d.title, d.uri, c.version, c.ordinal, c.pages, c.heading_path,
+  c.text, c.embedding <=> %(v)s, d.modified_at,
+  EXTRACT(EPOCH FROM now() - COALESCE(d.modified_at, d.ingested_at, d.created_at))"""
+
+
+class AccessDenied(PermissionError):
+    """A query named no principal and did not say it is an admin query."""
 
 
 @dataclass(frozen=True)
@@ -35,53 +74,118 @@ class Hit:
     age_s: float
 
 
-def query(store: Store, embedder: Embedder, text: str, *, k: int = 5, source: str | None = None) -> list[Hit]:
-    """Return up to ``k`` ``Hit``s for ``text`` (ranked, best first) and log the query.
+@dataclass(frozen=True)
+class SearchResult:
+    """``hits`` best first; ``strategy``: ``exact`` | ``hnsw`` | ``hnsw+exact`` (the approximate scan came
+    back short and the exact query answered)."""
 
-    Only chunks of a document's current ``version`` of a non-deleted document whose ``expires_at`` is
-    unset or in the future are eligible; ``source`` restricts to one source. pgvector's iterative
-    HNSW scan keeps filtered queries from returning fewer than ``k`` rows. Raises ``ValueError`` for
-    ``k < 1`` or empty text.
-    """
+    hits: list[Hit]
+    strategy: str
+
+
+def _hits(rows: Sequence[tuple]) -> list[Hit]:
+    return [Hit(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], list(r[8]), list(r[9]), r[10], 1.0 - float(r[11]),
+                r[12], float(r[13])) for r in rows]
+
+
+def search(conn: psycopg.Connection, vector: np.ndarray, *, model: str, k: int, readable: Sequence[str] | None,
+           source: str | None = None, exact_below: int = EXACT_BELOW_DOCUMENTS,
+           ef_search: int = EF_SEARCH) -> SearchResult:
+    """The top ``k`` eligible chunks nearest ``vector`` (float32, the index's dimension) by cosine distance.
+
+    ``readable``: the caller's *expanded* principals (``permissions.groups.expand``), or ``None`` for an
+    admin (no permission filter). ``exact_below``: answer exactly when fewer documents are readable (0:
+    never). Runs in its own transaction (``SET LOCAL``); raises only database errors."""
+    params = {"v": np.asarray(vector, dtype=np.float32), "model": model, "source": source, "k": k,
+              "readable": list(readable) if readable is not None else None}
+    with conn.transaction():
+        if readable is not None and exact_below > 0:
+            (n,) = conn.execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM documents d WHERE d.principals && %(readable)s::text[] "
+                f"AND d.deleted_at IS NULL AND d.hidden_reason IS NULL LIMIT %(limit)s) s",
+                {**params, "limit": exact_below}).fetchone()
+            if n < exact_below:
+                return SearchResult(_exact(conn, params), "exact")
+        conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+        conn.execute("SET LOCAL hnsw.ef_search = %d" % max(int(ef_search), 4 * k))
+        rows = conn.execute(
+            f"""
+            WITH nearest AS MATERIALIZED (
+                SELECT {_COLUMNS}
+                FROM chunks c JOIN documents d ON d.id = c.document_id AND d.version = c.version
+                WHERE {_VISIBLE} AND {_READABLE}
+                ORDER BY c.embedding <=> %(v)s
+                LIMIT %(k)s)
+            SELECT * FROM nearest ORDER BY 12
+            """, params).fetchall()
+        if len(rows) == k:
+            return SearchResult(_hits(rows), "hnsw")
+        return SearchResult(_exact(conn, params), "hnsw+exact")
+
+
+def _exact(conn: psycopg.Connection, params: dict) -> list[Hit]:
+    # "+ 0" keeps the planner off the HNSW index: every eligible chunk is ranked.
+    return _hits(conn.execute(
+        f"""
+        SELECT {_COLUMNS}
+        FROM documents d JOIN chunks c ON c.document_id = d.id AND c.version = d.version
+        WHERE {_VISIBLE} AND {_READABLE}
+        ORDER BY (c.embedding <=> %(v)s) + 0
+        LIMIT %(k)s
+        """, params).fetchall())
+
+
+def query(store: Store, embedder: Embedder, text: str, *, k: int = 5, source: str | None = None,
+          principals: Sequence[str] | None = None, admin: bool = False, recheck: bool = False,
+          sources: Mapping[str, object] | None = None) -> list[Hit]:
+    """Return up to ``k`` ``Hit``s for ``text`` that the caller may read (ranked, best first) and log the query.
+
+    ``principals``: who asks (``permissions.principals.parse_principal`` forms; a bare e-mail is a user);
+    ``admin``: an unfiltered query (still current, visible versions only). ``recheck``: ask each hit's
+    source (``sources``: connector by source name; a hit whose source is not there, or whose source
+    cannot answer, is dropped: fail closed) whether the caller may still read it, drop those it may not,
+    and write the source's answer into the index (``permissions.sync.apply_scopes``). ``source``
+    restricts to one source. Raises ``AccessDenied`` with neither ``principals`` nor ``admin``,
+    ``ValueError`` for ``k < 1``, empty text or an invalid principal."""
+    from rag_pipeline.permissions import expand, parse_principal, recheck_hits
+
     if k < 1:
         raise ValueError("k must be at least 1")
     if not text.strip():
         raise ValueError("query text is empty")
+    given = [parse_principal(p) for p in (principals or [])]
+    if not given and not admin:
+        raise AccessDenied("a query must name the principal it runs as (or say it is an admin query)")
     started = time.perf_counter()
     vector = np.asarray(embedder.embed([text])[0], dtype=np.float32)
     with store.connection() as conn:
-        with conn.transaction():
-            conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            conn.execute("SET LOCAL hnsw.ef_search = %s" % max(40, 4 * k))
-            rows = conn.execute(
-                """
-                SELECT c.id, d.id, d.source, d.source_id, d.title, d.uri, c.version, c.ordinal, c.pages,
-                       c.heading_path, c.text, 1 - (c.embedding <=> %(v)s) AS score, d.modified_at,
-                       EXTRACT(EPOCH FROM now() - COALESCE(d.modified_at, d.ingested_at, d.created_at))
-                FROM chunks c JOIN documents d ON d.id = c.document_id AND d.version = c.version
-                WHERE d.status IN ('completed', 'failed', 'permanently_failed', 'pending')
-                  AND d.deleted_at IS NULL
-                  AND (d.expires_at IS NULL OR d.expires_at > now())
-                  AND c.embedding_model = %(model)s
-                  AND (%(source)s::text IS NULL OR d.source = %(source)s::text)
-                ORDER BY c.embedding <=> %(v)s
-                LIMIT %(k)s
-                """,
-                {"v": vector, "model": embedder.model_id, "source": source, "k": k},
-            ).fetchall()
-        hits = [Hit(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], list(r[8]), list(r[9]), r[10], float(r[11]),
-                    r[12], float(r[13])) for r in rows]
+        readable = None if admin else sorted(expand(conn, given))
+        result = search(conn, vector, model=embedder.model_id, k=k, readable=readable, source=source)
+        hits = result.hits
+        filtered = None
+        if readable is not None:
+            unfiltered = search(conn, vector, model=embedder.model_id, k=k, readable=None, source=source)
+            ids = sorted({h.document_id for h in unfiltered.hits})
+            hidden = {r[0] for r in conn.execute(
+                "SELECT id FROM documents WHERE id = ANY(%s) AND NOT principals && %s::text[]",
+                (ids, readable)).fetchall()}
+            filtered = sum(1 for h in unfiltered.hits if h.document_id in hidden)
+        dropped: list[int] = []
+        if recheck and hits:
+            hits, dropped = recheck_hits(conn, hits, readable, sources or {})
         conn.execute(
             """
             INSERT INTO retrieval_log (query, k, embedding_model, chunk_ids, scores, document_ids, versions,
-                                       document_ages_s, duration_ms)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                       document_ages_s, duration_ms, principals, admin, filtered_count,
+                                       recheck_dropped, recheck_dropped_ids)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             """,
             (text.replace("\x00", ""), k, embedder.model_id, [h.chunk_id for h in hits], [h.score for h in hits],
              [h.document_id for h in hits], [h.version for h in hits], [h.age_s for h in hits],
-             int((time.perf_counter() - started) * 1000)),
+             int((time.perf_counter() - started) * 1000), given, admin, filtered,
+             len(dropped) if recheck else None, dropped if recheck else None),
         )
     return hits
 
 
-__all__ = ["Hit", "query"]
+__all__ = ["EXACT_BELOW_DOCUMENTS", "AccessDenied", "Hit", "SearchResult", "query", "search"]

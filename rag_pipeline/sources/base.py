@@ -9,12 +9,22 @@ A source hides its API behind three calls (see ``../shared/notes/DESIGN.md``):
   and the next cursor. Sources without a feed raise ``ChangeFeedUnavailable`` and the sync falls
   back to a full inventory. The cursor is saved by the sync only after it has committed.
 * ``fetch(document)`` -> ``bytes``: the document's content (download, export or disk read).
+
+Who may read each document (``PermissionSource``, see ``rag_pipeline/permissions/``):
+
+* ``permissions(documents)`` -> ``{source_id: Scope}``: the principals allowed to read each document,
+  from the source's own permission data, or ``Scope.unreadable(reason)`` when they could not be read
+  (the document then becomes readable by nobody: fail closed). A missing key counts as unreadable.
+* ``group_members(groups)`` -> ``GroupMembers``: the members (users or groups) of each group principal
+  the source issued; a group whose members could not be read is in ``errors`` and grants nothing.
+* optional ``permission_changes(cursor)`` -> ``PermissionChanges``: which documents' permissions changed
+  since ``cursor`` (``changed_ids=None``: read them all) and the cursor to keep afterwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -121,4 +131,62 @@ class Source(Protocol):
     def fetch(self, document: SourceDocument) -> bytes:
         """Return the bytes of ``document``; raise ``SourceError`` (transient) or
         ``DocumentSkipped`` (terminal, with a reason)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Who may read one document: ``principals`` (typed strings, ``rag_pipeline.permissions.principals``:
+    ``user:ada@example.com``, ``group:<source>:<id>``, ``domain:example.com``, ``everyone``), or, when the
+    source could not tell, ``error`` (the reason) and no principals: readable by nobody but an admin."""
+
+    principals: frozenset[str] = frozenset()
+    error: str | None = None
+
+    @classmethod
+    def of(cls, principals: Collection[str]) -> Scope:
+        """A readable scope of these principals (an empty collection: nobody)."""
+        return cls(frozenset(principals))
+
+    @classmethod
+    def unreadable(cls, reason: str) -> Scope:
+        """The permissions could not be read: nobody may read the document; ``reason`` says why."""
+        return cls(frozenset(), reason or "permissions could not be read")
+
+
+@dataclass(frozen=True)
+class GroupMembers:
+    """Members of group principals as the source reports them: ``members[group]`` = the principals in it
+    (users, or groups that the core expands in turn, nesting resolved transitively with loops cut);
+    ``errors[group]`` = why that group's members could not be read. A group in ``errors`` (or asked for
+    and absent from both) grants nothing until a later read succeeds: a failed read never widens access."""
+
+    members: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PermissionChanges:
+    """``changed_ids``: source ids whose permissions (or whose ancestors' permissions) changed since the
+    cursor, or ``None`` when every document's permissions must be read (no cursor yet, cursor expired);
+    ``next_cursor``: the position to keep once those have been read."""
+
+    changed_ids: list[str] | None
+    next_cursor: str | None
+
+
+@runtime_checkable
+class PermissionSource(Protocol):
+    """A source that knows who may read its documents (every built-in connector)."""
+
+    name: str
+
+    def permissions(self, documents: Sequence[SourceDocument]) -> Mapping[str, Scope]:
+        """``{source_id: Scope}`` for each of ``documents``; never raises for one document's failure
+        (that document's scope is ``Scope.unreadable``); raises ``SourceError`` only when nothing could be
+        read (every document is then treated as unreadable)."""
+        ...
+
+    def group_members(self, groups: Collection[str]) -> GroupMembers:
+        """Members of each of ``groups`` (principals this source issued); never raises for one group."""
         ...

@@ -13,7 +13,8 @@ Each object takes the fields of ``SourceResource`` (``kind``, ``path``, ``includ
 ``library``, ``folder``, ``shared_drive``, ``drive``) plus ``name`` (required: letters, digits, ``_``;
 it names the source's assets, sensor and schedule and prefixes its partition keys), ``interval_s``
 (seconds between sensor ticks, default 60), ``max_inflight_runs`` (document runs in flight per source,
-default 50) and ``reconcile_cron`` (the daily full reconciliation, default ``"0 3 * * *"``).
+default 50), ``reconcile_cron`` (the daily full reconciliation, default ``"0 3 * * *"``) and
+``permission_interval_s`` (seconds between permission syncs, default 300).
 """
 
 from __future__ import annotations
@@ -29,19 +30,21 @@ from rag_pipeline.defs.documents.partitions import SOURCE_NAME_RE
 from rag_pipeline.defs.ingestion.resources import SourceResource
 
 _SOURCE_FIELDS = set(SourceResource.model_fields)
-_SPEC_FIELDS = {"name", "interval_s", "max_inflight_runs", "reconcile_cron"}
+_SPEC_FIELDS = {"name", "interval_s", "max_inflight_runs", "reconcile_cron", "permission_interval_s"}
 
 
 @dataclass(frozen=True)
 class SourceSpec:
     """One configured source: ``name``, the connector options (``source``), sensor ``interval_s``
-    (seconds), ``max_inflight_runs`` and the ``reconcile_cron`` of its daily full reconciliation."""
+    (seconds), ``max_inflight_runs``, the ``reconcile_cron`` of its daily full reconciliation and the
+    seconds between permission syncs (``permission_interval_s``, default 300)."""
 
     name: str
     source: SourceResource
     interval_s: int = 60
     max_inflight_runs: int = 50
     reconcile_cron: str = "0 3 * * *"
+    permission_interval_s: int = 300
 
     @property
     def kind(self) -> str:
@@ -66,9 +69,11 @@ def spec_from_dict(data: Mapping[str, Any]) -> SourceSpec:
         fields["path"] = str(Path(fields["path"]).expanduser().resolve())
     interval = int(data.get("interval_s", 60))
     inflight = int(data.get("max_inflight_runs", 50))
-    if interval < 1 or inflight < 1:
-        raise ValueError(f"source {name}: interval_s and max_inflight_runs must be positive")
-    return SourceSpec(name, SourceResource(**fields), interval, inflight, str(data.get("reconcile_cron", "0 3 * * *")))
+    permission_interval = int(data.get("permission_interval_s", 300))
+    if interval < 1 or inflight < 1 or permission_interval < 1:
+        raise ValueError(f"source {name}: interval_s, max_inflight_runs and permission_interval_s must be positive")
+    return SourceSpec(name, SourceResource(**fields), interval, inflight, str(data.get("reconcile_cron", "0 3 * * *")),
+                      permission_interval)
 
 
 def load_source_specs(environ: Mapping[str, str] | None = None) -> list[SourceSpec]:
