@@ -100,10 +100,10 @@ def apply_scopes(conn: psycopg.Connection, source: str, scopes: Mapping[str, Sco
     given = (ids, [_SEP.join(sorted(s.principals)) for s in checked], [s.error for s in checked])
     with conn.transaction():
         changed = conn.execute(
-            f"""
+            """
             WITH given AS (
                 SELECT g.source_id, g.error,
-                       CASE WHEN g.joined = '' THEN '{{}}'::text[] ELSE string_to_array(g.joined, %(sep)s) END AS p
+                       CASE WHEN g.joined = '' THEN '{}'::text[] ELSE string_to_array(g.joined, %(sep)s) END AS p
                 FROM unnest(%(ids)s::text[], %(joined)s::text[], %(errors)s::text[]) AS g(source_id, joined, error))
             UPDATE documents d SET principals = g.p, permissions_error = g.error, permissions_synced_at = now()
               FROM given g

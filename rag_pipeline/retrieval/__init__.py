@@ -101,8 +101,8 @@ def search(conn: psycopg.Connection, vector: np.ndarray, *, model: str, k: int, 
     with conn.transaction():
         if readable is not None and exact_below > 0:
             (n,) = conn.execute(
-                f"SELECT count(*) FROM (SELECT 1 FROM documents d WHERE d.principals && %(readable)s::text[] "
-                f"AND d.deleted_at IS NULL AND d.hidden_reason IS NULL LIMIT %(limit)s) s",
+                "SELECT count(*) FROM (SELECT 1 FROM documents d WHERE d.principals && %(readable)s::text[] "
+                "AND d.deleted_at IS NULL AND d.hidden_reason IS NULL LIMIT %(limit)s) s",
                 {**params, "limit": exact_below}).fetchone()
             if n < exact_below:
                 return SearchResult(_exact(conn, params), "exact")
