@@ -9,6 +9,7 @@ job and the dead-letter report. Tests call ``build_definitions(specs)`` directly
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,16 @@ from rag_pipeline.defs.sources.jobs import build_inventory_job, build_reconcile_
 from rag_pipeline.defs.sources.sensors import build_source_diff_sensor
 
 
+SECRET_VARIABLES = ("RAG_DATABASE_URL", "RAG_SLACK_WEBHOOK_URL", "RAG_TEAMS_WEBHOOK_URL", "RAG_ALERT_WEBHOOK_URL")
+"""Environment variables whose values are secrets: resource fields name them (``dg.EnvVar``), never hold them."""
+
+
+def secret_field(name: str) -> Any:
+    """``dg.EnvVar(name)`` when ``name`` is set (Dagster resolves it at run time and shows only the variable's
+    name in the UI and in run configuration), else ``""`` (the resource's own fallback applies)."""
+    return dg.EnvVar(name) if os.environ.get(name, "").strip() else ""
+
+
 def build_definitions(specs: Sequence[SourceSpec] = (), *, resources: Mapping[str, Any] | None = None) -> dg.Definitions:
     """All definitions for ``specs``: shared per-document assets and checks, then per source its inventory
     and purge assets, inventory and reconcile jobs, diff sensor and daily schedule, and its permission-sync
@@ -56,8 +67,10 @@ def build_definitions(specs: Sequence[SourceSpec] = (), *, resources: Mapping[st
     default_resources: dict[str, Any] = {
         "rag_settings": SettingsResource(),
         "embedder": EmbedderResource(),
-        "store": StoreResource(),
-        "notifier": NotifierResource(),
+        "store": StoreResource(database_url=secret_field("RAG_DATABASE_URL")),
+        "notifier": NotifierResource(slack_webhook_url=secret_field("RAG_SLACK_WEBHOOK_URL"),
+                                     teams_webhook_url=secret_field("RAG_TEAMS_WEBHOOK_URL"),
+                                     webhook_url=secret_field("RAG_ALERT_WEBHOOK_URL")),
         "sources": SourcesResource(sources_json=json.dumps({s.name: s.source.model_dump() for s in specs})),
     }
     return dg.Definitions(assets=assets, asset_checks=INDEX_CHECKS, jobs=jobs, sensors=sensors, schedules=schedules,

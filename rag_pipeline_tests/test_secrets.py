@@ -422,3 +422,31 @@ def test_rag_pipeline_psql_runs_with_the_password_in_its_environment_only(databa
     assert "psql" in cmdline and "dbname=" in cmdline
     assert DB_PASSWORD not in cmdline
     assert password_line == f"PGPASSWORD={DB_PASSWORD}"
+
+
+def test_secret_resource_fields_name_their_variable_not_the_value(monkeypatch):
+    import dagster as dg
+
+    from rag_pipeline.definitions import SECRET_VARIABLES, build_definitions
+
+    values = {"RAG_DATABASE_URL": "postgresql://rag:hunter2-db@db.internal/rag",
+              "RAG_SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T000/B000/hunter2-slack",
+              "RAG_TEAMS_WEBHOOK_URL": "https://example.logic.azure.com/workflows/x?sig=hunter2-teams",
+              "RAG_ALERT_WEBHOOK_URL": "https://alerts.example.com/hook?token=hunter2-alert"}
+    assert set(values) == set(SECRET_VARIABLES)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    defs = build_definitions([])
+    notifier, store = defs.resources["notifier"], defs.resources["store"]
+    assert isinstance(store.database_url, dg.EnvVar) and store.database_url.env_var_name == "RAG_DATABASE_URL"
+    for field, name in (("slack_webhook_url", "RAG_SLACK_WEBHOOK_URL"), ("teams_webhook_url", "RAG_TEAMS_WEBHOOK_URL"),
+                        ("webhook_url", "RAG_ALERT_WEBHOOK_URL")):
+        assert getattr(notifier, field).env_var_name == name
+    # what the UI shows: the repository snapshot of the code location (resources and their config)
+    repo = defs.get_repository_def()
+    from dagster._core.remote_representation.external_data import RepositorySnap
+
+    snap = str(RepositorySnap.from_def(repo))
+    assert all(v not in snap for v in values.values()) and "RAG_SLACK_WEBHOOK_URL" in snap
+    monkeypatch.delenv("RAG_SLACK_WEBHOOK_URL")
+    assert build_definitions([]).resources["notifier"].slack_webhook_url == ""  # unset: the resource's fallback
