@@ -316,3 +316,10 @@ def test_the_permission_sensor_requests_one_run_at_a_time():
         assert len(result.run_requests) == 1
         instance.add_run(dg.DagsterRun(job_name=job.name, run_id="r1", status=dg.DagsterRunStatus.STARTED))
         assert sensor(dg.build_sensor_context(instance=instance)).skip_reason
+
+
+def test_a_large_k_stays_within_pgvectors_ef_search_bound(tmp_path, store, embedder, settings):
+    src = TableAcl(_folder(tmp_path), {n: {"everyone"} for n in TEXTS})
+    assert sync_source(src, store, embedder, settings).ok
+    assert len(query(store, embedder, "payroll", k=400, admin=True)) == len(TEXTS)  # 4 * 400 > 1000
+    assert len(query(store, embedder, "payroll", k=400, principals=["ada@example.com"])) == len(TEXTS)

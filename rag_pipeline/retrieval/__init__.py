@@ -35,7 +35,10 @@ from rag_pipeline.store.db import Store
 EXACT_BELOW_DOCUMENTS = 2000
 """A caller who can read fewer documents than this is answered by an exact scan of their chunks."""
 EF_SEARCH = 100
-"""``hnsw.ef_search`` of the approximate path (at least ``4 * k``)."""
+"""``hnsw.ef_search`` of the approximate path (at least ``4 * k``, at most ``MAX_EF_SEARCH``)."""
+MAX_EF_SEARCH = 1000
+"""pgvector's upper bound for ``hnsw.ef_search``; a larger ``k`` relies on the iterative scan (and the
+exact fallback) for its rows."""
 
 _VISIBLE = """d.status IN ('completed', 'failed', 'permanently_failed', 'pending')
   AND d.deleted_at IS NULL AND d.hidden_reason IS NULL
@@ -107,7 +110,7 @@ def search(conn: psycopg.Connection, vector: np.ndarray, *, model: str, k: int, 
             if n < exact_below:
                 return SearchResult(_exact(conn, params), "exact")
         conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-        conn.execute("SET LOCAL hnsw.ef_search = %d" % max(int(ef_search), 4 * k))
+        conn.execute("SET LOCAL hnsw.ef_search = %d" % min(MAX_EF_SEARCH, max(int(ef_search), 4 * k)))
         rows = conn.execute(
             f"""
             WITH nearest AS MATERIALIZED (
