@@ -28,6 +28,40 @@ Fetch
     export refused for size (``exportSizeLimitExceeded``) or a file Drive will not serve raises
     :class:`DocumentSkipped` for that document only.
 
+Permissions (:meth:`GoogleDriveSource.permissions`, fail closed)
+    A document's readers are its Drive ``Permission`` resources, inherited ones included (Drive
+    shows a folder's or a shared drive's grants on every item under it). They come from the file
+    resource's ``permissions`` field (one ``files.list`` per parent folder holding several documents,
+    else ``files.get``); Drive leaves that field out for shared-drive items and for files the caller
+    may not share, and then ``permissions.list`` (``supportsAllDrives``, paged) is asked. Any failure
+    for one file makes that file ``Scope.unreadable`` (readable by nobody). Mapping, per permission:
+
+    * ``user`` -> ``user:<email>``; ``group`` -> ``group:<source name>:<email>``;
+    * ``domain`` -> ``domain:<domain>``, also when ``allowFileDiscovery`` is false ("anyone at
+      <domain> with the link"): Drive still restricts that to signed-in accounts of the domain, and
+      the index cannot tell who holds the link, so the domain is the honest bound;
+    * ``anyone`` -> ``everyone`` only when ``allowFileDiscovery`` is true (public on the web,
+      findable) or the source is built with ``link_sharing="everyone"``. "Anyone with the link"
+      (``allowFileDiscovery`` false) otherwise grants nothing: having the link is not a principal;
+    * every role (reader, commenter, writer, fileOrganizer, organizer, owner) reads; an unknown role,
+      a permission of an account that was deleted (``deleted: true``), one past its
+      ``expirationTime``, one belonging to a view (``view``) or one lacking its e-mail/domain grants
+      nothing (dropping a grant can only narrow access).
+
+Groups (:meth:`GoogleDriveSource.group_members`)
+    Google groups are expanded with the Admin SDK Directory API (``members.list``,
+    ``includeDerivedMembership=true``, paged), which needs its own credentials carrying
+    ``admin.directory.group.member.readonly`` (a service account: domain-wide delegation to a
+    Workspace admin via ``subject``, or an admin role assigned to it). Without them every group is
+    in ``GroupMembers.errors`` and grants nothing. Users -> ``user:<email>`` (active ones only),
+    nested groups -> their group principal; ``CUSTOMER`` members (everyone in the Workspace
+    account) are not mapped (no domain is named), so they grant nothing.
+
+Permission changes (:meth:`GoogleDriveSource.permission_changes`)
+    The Drive change feed again, on its own page token (``gdriveperm1:<token>``, independent of the
+    content cursor): a sharing change is a change of the file (Drive reports every item under a
+    re-shared folder too; a changed in-scope folder's subtree is also listed, in case it did not).
+
 Stable id = Drive file id (the target's id for a shortcut), so a rename or move is a metadata
 update. HTTP errors 429, 5xx and rate-limit 403s are retried with bounded exponential back-off
 (``Retry-After`` honoured when sent).
@@ -42,7 +76,7 @@ import logging
 import os
 import socket
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -56,13 +90,17 @@ from googleapiclient.discovery import build_from_document
 from googleapiclient.errors import HttpError
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
+from rag_pipeline.permissions import principals as pr
 from rag_pipeline.sources.http import parse_retry_after
 from rag_pipeline.sources.base import (
     ChangeFeedUnavailable,
     ChangeSet,
     DocumentSkipped,
+    GroupMembers,
     Inventory,
     ListingIncompleteError,
+    PermissionChanges,
+    Scope,
     SourceDocument,
     SourceError,
 )
@@ -70,6 +108,9 @@ from rag_pipeline.sources.base import (
 log = logging.getLogger(__name__)
 
 DRIVE_READONLY_SCOPE = "https://www.googleapis.com/auth/drive.readonly"
+DIRECTORY_MEMBERS_SCOPE = "https://www.googleapis.com/auth/admin.directory.group.member.readonly"
+"""The Admin SDK Directory scope :meth:`GoogleDriveSource.group_members` needs (read group members)."""
+DIRECTORY_API_URL = "https://admin.googleapis.com/"
 FOLDER_MIME = "application/vnd.google-apps.folder"
 SHORTCUT_MIME = "application/vnd.google-apps.shortcut"
 GOOGLE_APPS_PREFIX = "application/vnd.google-apps."
@@ -94,7 +135,20 @@ FILE_FIELDS = (
 )
 """The file fields every ``files.list`` / ``files.get`` / ``changes.list`` call asks for."""
 
+PERMISSION_FIELDS = (
+    "id,type,emailAddress,domain,role,allowFileDiscovery,deleted,expirationTime,view,"
+    "permissionDetails(permissionType,role,inherited,inheritedFrom)"
+)
+"""The ``Permission`` fields read (in ``files(permissions(...))`` and ``permissions.list``)."""
+READ_ROLES = frozenset({"reader", "commenter", "writer", "fileOrganizer", "organizer", "owner"})
+"""Drive roles that may read a file's content (all of them; an unknown role grants nothing)."""
+LINK_SHARING = ("none", "everyone")
+"""``link_sharing`` values: what an "anyone with the link" permission grants."""
+
 _CURSOR_PREFIX = "gdrive1:"
+_PERMISSION_FILE_FIELDS = f"id,driveId,permissions({PERMISSION_FIELDS})"
+_PERMISSION_CURSOR_PREFIX = "gdriveperm1:"
+_MAX_FOLDER_DEPTH = 64
 _TERMINAL_FETCH_REASONS = frozenset(
     {
         "exportSizeLimitExceeded",
@@ -111,10 +165,18 @@ ENV_API_URL = "RAG_GDRIVE_API_URL"
 ENV_OAUTH_TOKEN_FILE = "RAG_GDRIVE_OAUTH_TOKEN_FILE"
 ENV_OAUTH_TOKEN_URI = "RAG_GDRIVE_OAUTH_TOKEN_URI"
 ENV_SERVICE_ACCOUNT_FILE = "GOOGLE_APPLICATION_CREDENTIALS"
+ENV_LINK_SHARING = "RAG_GDRIVE_LINK_SHARING"
+ENV_DIRECTORY = "RAG_GDRIVE_DIRECTORY"
+ENV_DIRECTORY_SUBJECT = "RAG_GDRIVE_DIRECTORY_SUBJECT"
+ENV_DIRECTORY_API_URL = "RAG_GDRIVE_DIRECTORY_API_URL"
 
 
 # --------------------------------------------------------------------------------------------
 # errors and retries
+
+
+class _ReadError(Exception):
+    """A permission or group read that went wrong without an HTTP error (a page token repeated)."""
 
 
 def _error_reason(err: HttpError) -> str:
@@ -234,6 +296,7 @@ def load_credentials(
     oauth_token_file: str | None = None,
     oauth_token_uri: str | None = None,
     scopes: tuple[str, ...] = (DRIVE_READONLY_SCOPE,),
+    subject: str | None = None,
 ) -> google.auth.credentials.Credentials:
     """Credentials from a key file: an OAuth user token file wins over a service-account file.
 
@@ -242,13 +305,18 @@ def load_credentials(
     authorized-user JSON (``client_id``, ``client_secret``, ``refresh_token``) as written by
     ``Credentials.to_json()``; google-auth deliberately ignores a ``token_uri`` in such a file and
     refreshes at Google's endpoint, so another endpoint must be named explicitly with
-    ``oauth_token_uri``. Raises :class:`SourceError` (not transient) when neither file is given or
-    one is unreadable; the message names the file, never its contents.
+    ``oauth_token_uri``. ``subject``: a Workspace user a service account acts as (domain-wide
+    delegation), e.g. an admin for the Directory API; an OAuth user token cannot take one. Raises
+    :class:`SourceError` (not transient) when neither file is given, one is unreadable, or a subject
+    is asked of user credentials; the message names the file, never its contents.
     """
     from google.oauth2 import credentials as user_credentials
     from google.oauth2 import service_account
 
     try:
+        if subject and (oauth_token_file or (service_account_file and _is_user_file(service_account_file))):
+            raise SourceError("a delegated subject needs a service-account key, not OAuth user credentials",
+                              transient=False)
         if oauth_token_file:
             user = user_credentials.Credentials.from_authorized_user_file(
                 oauth_token_file, scopes=list(scopes)
@@ -259,7 +327,8 @@ def load_credentials(
                 info = json.load(handle)
             if info.get("type") == "authorized_user":
                 return user_credentials.Credentials.from_authorized_user_info(info, scopes=list(scopes))
-            return service_account.Credentials.from_service_account_info(info, scopes=list(scopes))
+            account = service_account.Credentials.from_service_account_info(info, scopes=list(scopes))
+            return account.with_subject(subject) if subject else account
     except (OSError, ValueError, KeyError) as exc:
         name = oauth_token_file or service_account_file
         raise SourceError(
@@ -270,6 +339,14 @@ def load_credentials(
         f"or {ENV_OAUTH_TOKEN_FILE} (OAuth token file)",
         transient=False,
     )
+
+
+def _is_user_file(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle).get("type") == "authorized_user"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,6 +364,13 @@ class GoogleDriveSource:
     ``name`` defaults to ``gdrive:folder/<id>`` or ``gdrive:drive/<id>``. ``page_size``: items per
     ``files.list`` / ``changes.list`` page (Drive caps it at 1000). ``timeout_s``: per HTTP request.
 
+    Permissions (see the module docstring): ``link_sharing`` is ``"none"`` (default: "anyone with
+    the link" grants nothing) or ``"everyone"`` (it grants ``everyone``). ``directory_credentials``:
+    google-auth credentials for the Admin SDK Directory API with :data:`DIRECTORY_MEMBERS_SCOPE`
+    (e.g. ``load_credentials(..., scopes=(DIRECTORY_MEMBERS_SCOPE,), subject=<admin>)``); ``None``:
+    groups cannot be expanded, each lands in ``GroupMembers.errors`` and grants nothing.
+    ``directory_api_url``: the Directory API root, default ``https://admin.googleapis.com/``.
+
     Not thread-safe (one ``httplib2`` connection pool); use one instance per sync.
     """
 
@@ -301,9 +385,15 @@ class GoogleDriveSource:
         page_size: int = 1000,
         timeout_s: float = 120.0,
         retry: RetryPolicy | None = None,
+        link_sharing: str = "none",
+        directory_credentials: google.auth.credentials.Credentials | None = None,
+        directory_api_url: str | None = None,
     ) -> None:
         if not folder_id and not shared_drive_id:
             raise ValueError("GoogleDriveSource needs folder_id or shared_drive_id")
+        if link_sharing not in LINK_SHARING:
+            raise ValueError(f"link_sharing must be one of {LINK_SHARING}, not {link_sharing!r}")
+        self.link_sharing = link_sharing
         self.folder_id = folder_id or None
         self.shared_drive_id = shared_drive_id or None
         self.name = name or (
@@ -321,6 +411,16 @@ class GoogleDriveSource:
             http=http,
             client_options=client_options or None,
         )
+        self._directory = None
+        if directory_credentials is not None:
+            root = directory_api_url or DIRECTORY_API_URL
+            self._directory = build_from_document(
+                discovery_cache.get_static_doc("admin", "directory_v1"),
+                http=google_auth_httplib2.AuthorizedHttp(
+                    directory_credentials, http=httplib2.Http(timeout=timeout_s)
+                ),
+                client_options={"api_endpoint": root if root.endswith("/") else root + "/"},
+            )
 
     @classmethod
     def from_env(
@@ -336,20 +436,35 @@ class GoogleDriveSource:
         ``RAG_GDRIVE_OAUTH_TOKEN_URI``, default Google's) or else ``GOOGLE_APPLICATION_CREDENTIALS``
         (service-account key file, whose ``token_uri`` is used) for credentials;
         ``RAG_GDRIVE_API_URL`` for the API base including ``drive/v3/`` (default: Google's).
-        ``env`` defaults to ``os.environ``. Raises :class:`SourceError` (not transient) without
-        credentials.
+        Permissions: ``RAG_GDRIVE_LINK_SHARING`` (``none``, default, or ``everyone``); group
+        expansion is on when ``RAG_GDRIVE_DIRECTORY_SUBJECT`` names the Workspace admin a service
+        account acts as, or ``RAG_GDRIVE_DIRECTORY=1`` (credentials already allowed to read groups):
+        the same key file with :data:`DIRECTORY_MEMBERS_SCOPE`; ``RAG_GDRIVE_DIRECTORY_API_URL``
+        for the Directory API root (default Google's). ``env`` defaults to ``os.environ``. Raises
+        :class:`SourceError` (not transient) without credentials or with a bad setting.
         """
         env = os.environ if env is None else env
-        credentials = load_credentials(
-            service_account_file=env.get(ENV_SERVICE_ACCOUNT_FILE) or None,
-            oauth_token_file=env.get(ENV_OAUTH_TOKEN_FILE) or None,
-            oauth_token_uri=env.get(ENV_OAUTH_TOKEN_URI) or None,
-        )
+        files = {
+            "service_account_file": env.get(ENV_SERVICE_ACCOUNT_FILE) or None,
+            "oauth_token_file": env.get(ENV_OAUTH_TOKEN_FILE) or None,
+            "oauth_token_uri": env.get(ENV_OAUTH_TOKEN_URI) or None,
+        }
+        credentials = load_credentials(**files)
+        link_sharing = (env.get(ENV_LINK_SHARING) or "none").strip().lower()
+        if link_sharing not in LINK_SHARING:
+            raise SourceError(f"{ENV_LINK_SHARING} must be one of {', '.join(LINK_SHARING)}", transient=False)
+        subject = (env.get(ENV_DIRECTORY_SUBJECT) or "").strip() or None
+        directory = None
+        if subject or (env.get(ENV_DIRECTORY) or "").strip().lower() in ("1", "true", "yes", "on"):
+            directory = load_credentials(**files, scopes=(DIRECTORY_MEMBERS_SCOPE,), subject=subject)
         return cls(
             credentials=credentials,
             folder_id=folder_id,
             shared_drive_id=shared_drive_id,
             api_url=env.get(ENV_API_URL) or None,
+            link_sharing=link_sharing,
+            directory_credentials=directory,
+            directory_api_url=env.get(ENV_DIRECTORY_API_URL) or None,
         )
 
     # ---- HTTP ---------------------------------------------------------------------------
@@ -368,11 +483,11 @@ class GoogleDriveSource:
             raise SourceError(f"Google token endpoint unreachable: {type(exc).__name__}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _list_files(self, q: str) -> Iterator[dict[str, Any]]:
+    def _list_files(self, q: str, file_fields: str = FILE_FIELDS) -> Iterator[dict[str, Any]]:
         """Every file matching ``q``, all pages; raises ListingIncompleteError on any failure."""
         params: dict[str, Any] = {
             "q": q,
-            "fields": f"nextPageToken,incompleteSearch,files({FILE_FIELDS})",
+            "fields": f"nextPageToken,incompleteSearch,files({file_fields})",
             "pageSize": self._page_size,
             "spaces": "drive",
             "supportsAllDrives": True,
@@ -561,6 +676,252 @@ class GoogleDriveSource:
         except (OSError, httplib2.HttpLib2Error) as exc:
             raise SourceError(f"Drive {action} failed: {type(exc).__name__}") from exc
         return bytes(data)
+
+    # ---- PermissionSource protocol ------------------------------------------------------
+
+    def permissions(self, documents: Sequence[SourceDocument]) -> dict[str, Scope]:
+        """``{source_id: Scope}`` for each of ``documents`` (mapping: see the module docstring).
+
+        Uses only ``source_id`` and ``metadata["parents"]`` / ``metadata["drive_id"]`` (as the
+        listing stored them). Documents sharing a My Drive parent are read with one paged
+        ``files.list`` of that parent, the others with ``files.get``; shared-drive items and files
+        whose resource carries no ``permissions`` go through ``permissions.list``. Any failure for
+        one file (HTTP error after retries, socket error, a page token repeated) makes it
+        ``Scope.unreadable`` with the reason; raises :class:`SourceError` only when the credentials
+        fail (no token: nothing can be read).
+        """
+        wanted = {d.source_id: d for d in documents}
+        resources: dict[str, dict[str, Any]] = {}
+        by_parent: dict[str, list[str]] = {}
+        for document in wanted.values():
+            parents = document.metadata.get("parents") or []
+            if parents and not document.metadata.get("drive_id"):
+                by_parent.setdefault(str(parents[0]), []).append(document.source_id)
+        for parent, ids in by_parent.items():
+            if len(ids) < 2:
+                continue
+            try:
+                for item in self._list_files(
+                    f"'{_quote(parent)}' in parents and trashed = false", _PERMISSION_FILE_FIELDS
+                ):
+                    if item.get("id") in wanted:
+                        resources[item["id"]] = item
+            except ListingIncompleteError as exc:
+                log.info("gdrive: listing %s for permissions failed (%s); reading its files one by one", parent, exc)
+        scopes: dict[str, Scope] = {}
+        for source_id, document in wanted.items():
+            try:
+                scopes[source_id] = self._file_scope(document, resources.get(source_id))
+            except HttpError as exc:
+                scopes[source_id] = Scope.unreadable(f"Drive permissions could not be read: {_describe(exc)}")
+            except _ReadError as exc:
+                scopes[source_id] = Scope.unreadable(f"Drive permissions could not be read: {exc}")
+            except (OSError, httplib2.HttpLib2Error) as exc:
+                scopes[source_id] = Scope.unreadable(f"Drive permissions could not be read: {type(exc).__name__}")
+        return scopes
+
+    def group_members(self, groups: Collection[str]) -> GroupMembers:
+        """Members of Google groups (principals ``group:<self.name>:<email>``) from the Directory API.
+
+        ``members.list`` with ``includeDerivedMembership=true`` (direct and nested members), every
+        page. Members: ``USER`` (status active or unset) -> ``user:<email>``, ``GROUP`` -> its group
+        principal; others (``CUSTOMER``, suspended users, members without an e-mail) are left out.
+        A group that cannot be read (no Directory credentials, 403, 404, timeout, a repeated page
+        token, a principal of another source) is in ``errors`` with the reason; never raises.
+        """
+        members: dict[str, frozenset[str]] = {}
+        errors: dict[str, str] = {}
+        prefix = f"group:{self.name}:"
+        for principal in dict.fromkeys(groups):
+            key = principal[len(prefix):] if principal.startswith(prefix) else ""
+            if not key:
+                errors[principal] = f"not a group principal of {self.name}"
+            elif self._directory is None:
+                errors[principal] = (
+                    "Google group members cannot be read: no Directory API credentials "
+                    f"({DIRECTORY_MEMBERS_SCOPE}) configured"
+                )
+            else:
+                try:
+                    members[principal] = self._read_group(key) - {principal}
+                except HttpError as exc:
+                    errors[principal] = f"members.list failed: {_describe(exc)}"
+                except (_ReadError, SourceError) as exc:
+                    errors[principal] = f"members.list failed: {exc}"
+                except (OSError, httplib2.HttpLib2Error) as exc:
+                    errors[principal] = f"members.list failed: {type(exc).__name__}"
+        return GroupMembers(members=members, errors=errors)
+
+    def permission_changes(self, cursor: str | None) -> PermissionChanges:
+        """Files whose sharing may have changed since ``cursor``, from the Drive change feed.
+
+        ``cursor`` is ``gdriveperm1:<page token>`` from a previous call (not the content cursor).
+        No cursor, another kind of cursor, a token Drive rejects or a feed that fails part-way:
+        ``PermissionChanges(None, <fresh token>)`` (read every document; the token is taken before
+        that read, so nothing is missed). Otherwise ``changed_ids``: every changed file (a shared-
+        drive scope keeps only that drive's), plus all files under each changed in-scope folder;
+        ids may name files outside a folder scope or not indexed (the caller reads only its
+        documents). Raises :class:`SourceError` when not even a start token can be had.
+        """
+        if cursor and cursor.startswith(_PERMISSION_CURSOR_PREFIX):
+            try:
+                latest, new_token = self._read_changes(cursor[len(_PERMISSION_CURSOR_PREFIX):])
+                changed = self._permission_changed_ids(latest)
+            except ChangeFeedUnavailable as exc:
+                log.info("gdrive: permission change feed unusable (%s); reading every document", exc)
+            except (ListingIncompleteError, HttpError, OSError, httplib2.HttpLib2Error) as exc:
+                log.warning("gdrive: permission change feed failed (%s); reading every document", type(exc).__name__)
+            else:
+                return PermissionChanges(sorted(changed), _PERMISSION_CURSOR_PREFIX + new_token)
+        return PermissionChanges(None, _PERMISSION_CURSOR_PREFIX + self._start_page_token())
+
+    # ---- permission internals -----------------------------------------------------------
+
+    def _file_scope(self, document: SourceDocument, item: Mapping[str, Any] | None) -> Scope:
+        """The scope of one file: its resource's ``permissions`` if Drive sent them, else ``permissions.list``."""
+        if item is None and not document.metadata.get("drive_id"):
+            item = self._execute(
+                self._service.files().get(
+                    fileId=document.source_id, fields=_PERMISSION_FILE_FIELDS, supportsAllDrives=True
+                )
+            )
+        if item is not None and isinstance(item.get("permissions"), list):
+            return self._scope(item["permissions"])
+        return self._scope(self._list_permissions(document.source_id))
+
+    def _list_permissions(self, file_id: str) -> list[dict[str, Any]]:
+        """Every permission of ``file_id`` (``permissions.list``, all pages)."""
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        page_token: str | None = None
+        while True:
+            response = self._execute(
+                self._service.permissions().list(
+                    fileId=file_id, supportsAllDrives=True, pageSize=100,
+                    fields=f"nextPageToken,permissions({PERMISSION_FIELDS})",
+                    **({"pageToken": page_token} if page_token else {}),
+                )
+            )
+            out.extend(response.get("permissions", []))
+            page_token = response.get("nextPageToken")
+            if not page_token:
+                return out
+            if page_token in seen:
+                raise _ReadError("permissions.list returned a page token it had returned before")
+            seen.add(page_token)
+
+    def _scope(self, permissions: list[Mapping[str, Any]]) -> Scope:
+        now = datetime.now(timezone.utc)
+        return Scope.of({p for p in (self._principal(perm, now) for perm in permissions) if p})
+
+    def _principal(self, permission: Mapping[str, Any], now: datetime) -> str | None:
+        """The principal one Drive permission grants reading to, or ``None`` (it grants nothing)."""
+        if permission.get("deleted") or permission.get("view") or permission.get("role") not in READ_ROLES:
+            return None
+        expires = _parse_time(permission.get("expirationTime"))
+        if permission.get("expirationTime") and (expires is None or expires <= now):
+            return None
+        kind = permission.get("type")
+        email = str(permission.get("emailAddress") or "")
+        try:
+            if kind == "user" and email:
+                return pr.user(email)
+            if kind == "group" and email:
+                return pr.group(self.name, email)
+            if kind == "domain" and permission.get("domain"):
+                return pr.domain(str(permission["domain"]))
+            if kind == "anyone" and (permission.get("allowFileDiscovery") or self.link_sharing == "everyone"):
+                return pr.EVERYONE
+        except ValueError:
+            log.info("gdrive: a %s permission with an unusable grantee grants nothing", kind)
+        return None
+
+    def _read_group(self, key: str) -> frozenset[str]:
+        """Principals of the (direct and derived) members of the group ``key`` (its e-mail)."""
+        assert self._directory is not None
+        out: set[str] = set()
+        seen: set[str] = set()
+        page_token: str | None = None
+        while True:
+            response = self._execute(
+                self._directory.members().list(
+                    groupKey=key, includeDerivedMembership=True, maxResults=200,
+                    fields="nextPageToken,members(email,type,status)",
+                    **({"pageToken": page_token} if page_token else {}),
+                )
+            )
+            for member in response.get("members", []):
+                email = str(member.get("email") or "")
+                kind = member.get("type")
+                try:
+                    if kind == "USER" and email and member.get("status", "ACTIVE") == "ACTIVE":
+                        out.add(pr.user(email))
+                    elif kind == "GROUP" and email:
+                        out.add(pr.group(self.name, email))
+                except ValueError:
+                    continue
+            page_token = response.get("nextPageToken")
+            if not page_token:
+                return frozenset(out)
+            if page_token in seen:
+                raise _ReadError("members.list returned a page token it had returned before")
+            seen.add(page_token)
+
+    def _permission_changed_ids(self, latest: Mapping[str, Mapping[str, Any]]) -> set[str]:
+        changed: set[str] = set()
+        folders: list[Mapping[str, Any]] = []
+        for file_id, change in latest.items():
+            item = change.get("file") or {}
+            if self.shared_drive_id and item and item.get("driveId") != self.shared_drive_id:
+                continue
+            mime = item.get("mimeType")
+            if mime == FOLDER_MIME:
+                if not item.get("trashed"):
+                    folders.append(item)
+            elif mime != SHORTCUT_MIME:
+                changed.add(file_id)
+        in_scope: dict[str, bool] = {}
+        for folder in folders:
+            if self._folder_in_scope(folder, in_scope):
+                changed |= self._files_under(str(folder["id"]))
+        return changed
+
+    def _folder_in_scope(self, folder: Mapping[str, Any], cache: dict[str, bool]) -> bool:
+        """Whether ``folder`` lies under the scope (its ancestors read with ``files.get``, cached)."""
+        if self.shared_drive_id and not self.folder_id:
+            return True   # the driveId filter already applied
+        chain: list[str] = []
+        current: Mapping[str, Any] | None = folder
+        result = True     # deeper than _MAX_FOLDER_DEPTH: read it rather than miss it
+        for _ in range(_MAX_FOLDER_DEPTH):
+            folder_id = str(current["id"])
+            if folder_id == self.folder_id or folder_id in cache:
+                result = folder_id == self.folder_id or cache[folder_id]
+                break
+            chain.append(folder_id)
+            parents = current.get("parents") or []
+            current = self._get_file(str(parents[0])) if parents else None
+            if current is None:
+                result = False
+                break
+        for folder_id in chain:
+            cache[folder_id] = result
+        return result
+
+    def _files_under(self, folder_id: str) -> set[str]:
+        """Ids of every (non-folder, non-shortcut) file under ``folder_id``, recursively."""
+        out: set[str] = set()
+        queue, seen = [folder_id], {folder_id}
+        while queue:
+            parent = queue.pop(0)
+            for item in self._list_files(f"'{_quote(parent)}' in parents and trashed = false", "id,mimeType"):
+                if item.get("mimeType") == FOLDER_MIME:
+                    if item["id"] not in seen:
+                        seen.add(item["id"])
+                        queue.append(item["id"])
+                elif item.get("mimeType") != SHORTCUT_MIME and item.get("id"):
+                    out.add(item["id"])
+        return out
 
     # ---- change feed internals ----------------------------------------------------------
 

@@ -16,6 +16,26 @@ and ``google-auth`` end to end:
   ``includeItemsFromAllDrives``; Google-native files cannot be downloaded with ``alt=media``
   (403 ``fileNotDownloadable``) and are exported only to the formats ``about.exportFormats``
   (fixture ``about.json``) lists; an export can be refused with 403 ``exportSizeLimitExceeded``.
+* Sharing: the ``Permission`` resource (``id``, ``type`` user|group|domain|anyone, ``emailAddress``,
+  ``domain``, ``role``, ``allowFileDiscovery``, ``deleted``, ``permissionDetails``), ``GET
+  /drive/v3/files/{id}/permissions`` (``permissions.list``: paged, ``supportsAllDrives`` required for
+  shared-drive items, ``fields`` mask), and the ``permissions`` / ``permissionIds`` fields of file
+  resources. A permission on a folder (or a shared drive's membership) applies to everything under it
+  and appears on each descendant with ``permissionDetails[].inherited = true`` (``inheritedFrom`` only in
+  shared drives, as documented). Like Drive, ``permissions`` is not populated for shared-drive items
+  (``permissionIds`` is), nor for files the caller may not share (``cannot_share``: ``permissions.list``
+  then answers 403 ``insufficientFilePermissions``). Every permission change is a change of the file,
+  and of every descendant for a folder (or of every item for a shared drive), in the change feed.
+  Permission ids follow Drive's habits: one id per grantee across files, ``anyone`` (discoverable) /
+  ``anyoneWithLink``, a ``k`` suffix for a domain's link-only grant. Each My Drive item has an
+  ``owner`` permission for ``owner`` (the account owning the fake's My Drive).
+* The Admin SDK Directory API: ``GET /admin/directory/v1/groups/{groupKey}/members`` (``members.list``:
+  paged by ``maxResults``, ``includeDerivedMembership`` adds the members of nested groups,
+  parameters checked against the ``admin.directory_v1`` discovery document shipped in
+  ``googleapiclient``). The caller's token must carry a Directory group scope (else 403
+  ``insufficientPermissions``) and its identity (the delegated ``sub`` or the service account) must be in
+  ``directory_readers`` (else 403 ``forbidden``, "Not Authorized to access this resource/api"); an unknown
+  group is 404 ``notFound``, one in ``hidden_groups`` 403 ``forbidden``.
 
 SYNTHETIC: no public recordings of ``files.list`` / ``changes.list`` exist, so every list page
 this fake sends is synthetic, built from the ``FileList`` / ``ChangeList`` / ``Change`` / ``File``
@@ -35,6 +55,7 @@ import json
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -42,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from google.auth import jwt as google_jwt
+from googleapiclient import discovery_cache
 from pytest_httpserver import HTTPServer
 from werkzeug.wrappers import Request, Response
 
@@ -56,6 +78,16 @@ SLIDES = "application/vnd.google-apps.presentation"
 FORM = "application/vnd.google-apps.form"
 
 JWT_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+DIRECTORY_MEMBER_READONLY = "https://www.googleapis.com/auth/admin.directory.group.member.readonly"
+DIRECTORY_SCOPES = frozenset({
+    "https://www.googleapis.com/auth/admin.directory.group",
+    "https://www.googleapis.com/auth/admin.directory.group.member",
+    DIRECTORY_MEMBER_READONLY,
+    "https://www.googleapis.com/auth/admin.directory.group.readonly",
+})
+DRIVE_SCOPES = frozenset({"https://www.googleapis.com/auth/drive", "https://www.googleapis.com/auth/drive.readonly"})
+ROLE_ORDER = ("reader", "commenter", "writer", "fileOrganizer", "organizer", "owner")
+"""Drive roles, weakest first (a grantee with several permissions shows the strongest)."""
 GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
 """The ``aud`` google-auth writes in a service account's JWT grant, whatever ``token_uri`` is."""
 DRIVE_READONLY = "https://www.googleapis.com/auth/drive.readonly"
@@ -67,6 +99,7 @@ _METHODS = {
     ("files", "*", "export"): "files.export",
     ("changes", "startPageToken"): "changes.getStartPageToken",
     ("changes",): "changes.list",
+    ("files", "*", "permissions"): "permissions.list",
 }
 
 _DEFAULT_FIELDS = {
@@ -75,7 +108,11 @@ _DEFAULT_FIELDS = {
     "files.get": "kind,id,name,mimeType",
     "changes.list": "kind,nextPageToken,newStartPageToken,changes(kind,changeType,time,removed,fileId,file(kind,id,name,mimeType))",
     "changes.getStartPageToken": "kind,startPageToken",
+    "permissions.list": "kind,nextPageToken,permissions(kind,id,type,role)",
+    "members.list": "kind,etag,nextPageToken,members",
 }
+"""What each method sends without a ``fields`` mask (``permissions.list``'s default is an assumption: a
+grantee's e-mail address or domain must be asked for)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,8 +180,11 @@ class FakeDrive:
     """In-memory Drive: files, content, a change log, credentials it accepts, injected faults.
 
     Mutators (``add_*``, ``update_content``, ``rename``, ``move``, ``trash``, ``restore``,
-    ``delete``) record a change each, as Drive does. ``requests`` logs ``(method, params)`` of
-    every API call, ``export_calls``/``media_calls`` the file ids fetched each way.
+    ``delete``; for sharing ``share``, ``unshare``, ``set_discoverable``, ``mark_account_deleted``)
+    record a change each, as Drive does (sharing: of every item the grant reaches). Groups change
+    with ``add_group``, ``add_member``, ``remove_member`` (no Drive change). ``requests`` logs
+    ``(method, params)`` of every API call (with ``fileId`` for a method on one file, ``groupKey``
+    for ``members.list``), ``export_calls``/``media_calls`` the file ids fetched each way.
     """
 
     page_limit: int = 2
@@ -163,16 +203,31 @@ class FakeDrive:
     base_url: str = ""
     hide_listing: bool = False
     """A glitch: ``files.list`` answers with no files (every page complete and empty)."""
+    owner: str = "owner@example.com"
+    """The account whose My Drive this is: every My Drive item gets an ``owner`` permission for it."""
+    grants: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Direct permissions per file, folder or shared-drive id (a shared drive's are its members)."""
+    cannot_share: set[str] = field(default_factory=set)
+    """Files whose permissions the caller may not see (no ``permissions`` field, 403 on ``permissions.list``)."""
+    groups: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Google groups: group e-mail -> Directory ``Member`` resources (direct members)."""
+    hidden_groups: set[str] = field(default_factory=set)
+    """Groups the Directory API refuses to list (403 ``forbidden``, e.g. a group of another customer)."""
+    directory_readers: set[str] = field(default_factory=set)
+    """Identities (delegated ``sub`` or service-account e-mail) allowed to read group members."""
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._next_change = 1
         self._access_tokens: set[str] = set()
+        self._token_info: dict[str, tuple[frozenset[str], str]] = {}
+        self._stalls: list[_Fault] = []
         self._faults: list[_Fault] = []
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
         self.discovery = json.loads((FIXTURES / "drive.v3.json").read_text(encoding="utf-8"))
         self.about = json.loads((FIXTURES / "about.json").read_text(encoding="utf-8"))
+        self.directory_discovery = json.loads(discovery_cache.get_static_doc("admin", "directory_v1"))
         self.root_id = self._new_id("root")
         self.files[self.root_id] = self._resource(self.root_id, "My Drive", FOLDER, [], None)
 
@@ -205,6 +260,8 @@ class FakeDrive:
         }
         if drive_id:
             resource["driveId"] = drive_id
+        elif parents:
+            self.grants.setdefault(file_id, []).append(self._permission("user", email=self.owner, role="owner"))
         return resource
 
     def _drive_of(self, parent: str) -> str | None:
@@ -299,10 +356,14 @@ class FakeDrive:
             resource = self.files[file_id]
             resource["parents"] = [new_parent]
             drive_id = self._drive_of(new_parent)
+            own = self.grants.setdefault(file_id, [])
             if drive_id:
                 resource["driveId"] = drive_id
+                own[:] = [p for p in own if p["role"] != "owner"]   # the shared drive owns it now
             else:
                 resource.pop("driveId", None)
+                if not any(p["role"] == "owner" for p in own):
+                    own.append(self._permission("user", email=self.owner, role="owner"))
             self._bump(resource)
             self._record(file_id)
 
@@ -351,6 +412,196 @@ class FakeDrive:
                         frontier.append(item_id)
         return out
 
+    # ---- sharing (each change records a change of every item it reaches) -------------------------
+
+    @staticmethod
+    def permission_id(kind: str, *, email: str | None = None, domain: str | None = None,
+                      allow_discovery: bool = False) -> str:
+        """The id Drive gives a grantee: the same on every file (``anyone`` / ``anyoneWithLink`` for the
+        public and link-only grants, a ``k`` suffix for a domain's link-only grant)."""
+        if kind == "anyone":
+            return "anyone" if allow_discovery else "anyoneWithLink"
+        key = (email or "").lower() if kind in ("user", "group") else (domain or "").lower()
+        number = str(int(hashlib.sha1(f"{kind}:{key}".encode()).hexdigest()[:16], 16)).rjust(20, "0")[:20]
+        return number + ("k" if kind == "domain" and not allow_discovery else "")
+
+    def _permission(self, kind: str, *, email: str | None = None, domain: str | None = None,
+                    role: str = "reader", allow_discovery: bool = False) -> dict[str, Any]:
+        if kind not in ("user", "group", "domain", "anyone") or role not in ROLE_ORDER:
+            raise ValueError(f"bad permission {kind}/{role}")
+        permission: dict[str, Any] = {"kind": "drive#permission", "type": kind, "role": role,
+                                      "id": self.permission_id(kind, email=email, domain=domain,
+                                                               allow_discovery=allow_discovery)}
+        if kind in ("user", "group"):
+            if not email:
+                raise ValueError("a user or group permission needs an e-mail address")
+            permission.update(emailAddress=email, domain=email.rsplit("@", 1)[1], displayName=email.split("@")[0],
+                              deleted=False)
+        elif kind == "domain":
+            permission.update(domain=domain, displayName=domain, allowFileDiscovery=allow_discovery)
+        else:
+            permission["allowFileDiscovery"] = allow_discovery
+        return permission
+
+    def share(self, item_id: str, kind: str, *, email: str | None = None, domain: str | None = None,
+              role: str = "reader", allow_discovery: bool = False) -> str:
+        """Add (or replace) a permission on a file, folder or shared drive (``item_id`` a drive id: a
+        member of the drive); returns the permission id."""
+        with self._lock:
+            permission = self._permission(kind, email=email, domain=domain, role=role, allow_discovery=allow_discovery)
+            own = self.grants.setdefault(item_id, [])
+            own[:] = [p for p in own if p["id"] != permission["id"]] + [permission]
+            self._record_tree(item_id)
+            return permission["id"]
+
+    def unshare(self, item_id: str, permission_id: str) -> None:
+        """Remove a permission from the item it was added to (``KeyError`` when it has none of that id)."""
+        with self._lock:
+            own = self.grants.get(item_id, [])
+            if not any(p["id"] == permission_id for p in own):
+                raise KeyError(f"{item_id} has no permission {permission_id}")
+            own[:] = [p for p in own if p["id"] != permission_id]
+            self._record_tree(item_id)
+
+    def set_discoverable(self, item_id: str, permission_id: str, allow_discovery: bool) -> str:
+        """Change an ``anyone``/``domain`` grant between discoverable and link-only (Drive gives it a new
+        id: ``anyone`` <-> ``anyoneWithLink``); returns the new id."""
+        with self._lock:
+            own = self.grants.get(item_id, [])
+            old = next(p for p in own if p["id"] == permission_id)
+            new = self._permission(old["type"], domain=old.get("domain"), role=old["role"],
+                                   allow_discovery=allow_discovery)
+            own[:] = [p for p in own if p["id"] != permission_id] + [new]
+            self._record_tree(item_id)
+            return new["id"]
+
+    def mark_account_deleted(self, email: str) -> None:
+        """The user or group account is deleted: its permissions stay, with ``deleted: true``."""
+        with self._lock:
+            for item_id, own in self.grants.items():
+                hit = [p for p in own if (p.get("emailAddress") or "").lower() == email.lower()]
+                for permission in hit:
+                    permission["deleted"] = True
+                if hit:
+                    self._record_tree(item_id)
+
+    def _record_tree(self, item_id: str) -> None:
+        """Record a change (and bump the version) of ``item_id`` and of everything below it."""
+        if item_id in self.shared_drives:
+            reached = [i for i, r in self.files.items() if r.get("driveId") == item_id]
+        else:
+            reached = [i for i, _ in self._with_descendants(item_id) if i in self.files]
+        for reached_id in reached:
+            if reached_id != self.root_id:
+                self._bump(self.files[reached_id])
+            self._record(reached_id)
+
+    def _holders(self, file_id: str) -> list[str]:
+        """``file_id``, then its ancestors up to My Drive or the shared drive (whose members come last)."""
+        out = [file_id]
+        current = self.files.get(file_id)
+        while current and current.get("parents"):
+            parent = current["parents"][0]
+            if parent in out:
+                break
+            out.append(parent)
+            if parent in self.shared_drives:
+                break
+            current = self.files.get(parent)
+        return out
+
+    def effective_permissions(self, file_id: str) -> list[dict[str, Any]]:
+        """The ``Permission`` resources Drive shows on ``file_id``: its own and every inherited one, one
+        entry per grantee (the strongest role) with a ``permissionDetails`` entry per source."""
+        in_drive = bool(self.files.get(file_id, {}).get("driveId")) or file_id in self.shared_drives
+        merged: dict[str, dict[str, Any]] = {}
+        for holder in self._holders(file_id):
+            inherited = holder != file_id
+            for permission in self.grants.get(holder, []):
+                entry = merged.get(permission["id"])
+                if entry is None:
+                    entry = merged[permission["id"]] = {**permission, "permissionDetails": []}
+                elif ROLE_ORDER.index(permission["role"]) > ROLE_ORDER.index(entry["role"]):
+                    entry["role"] = permission["role"]
+                detail: dict[str, Any] = {
+                    "permissionType": "member" if holder in self.shared_drives else "file",
+                    "role": permission["role"], "inherited": inherited,
+                }
+                if in_drive and inherited:
+                    detail["inheritedFrom"] = holder
+                entry["permissionDetails"].append(detail)
+        if not in_drive:
+            for entry in merged.values():
+                if entry["type"] not in ("user", "group"):
+                    entry.pop("deleted", None)
+        return sorted(merged.values(), key=lambda p: p["id"])
+
+    def _view(self, resource: dict[str, Any]) -> dict[str, Any]:
+        """A file resource as the API sends it: with ``permissionIds`` always, and ``permissions`` only
+        for a My Drive item the caller may share."""
+        permissions = self.effective_permissions(resource["id"])
+        view = {**resource, "permissionIds": [p["id"] for p in permissions]}
+        if not resource.get("driveId") and resource["id"] not in self.cannot_share:
+            view["permissions"] = permissions
+        return view
+
+    # ---- groups (Admin SDK Directory) --------------------------------------------------------
+
+    def add_group(self, email: str, *members: str) -> str:
+        """A Google group with these direct members (a member naming a group is added as ``GROUP``)."""
+        with self._lock:
+            self.groups.setdefault(email.lower(), [])
+            for member in members:
+                self.add_member(email, member)
+            return email.lower()
+
+    def add_member(self, group: str, email: str, *, status: str = "ACTIVE", member_type: str | None = None) -> None:
+        """Add ``email`` to ``group`` (type ``GROUP`` when ``email`` is a known group, else ``USER``)."""
+        with self._lock:
+            kind = member_type or ("GROUP" if email.lower() in self.groups else "USER")
+            member: dict[str, Any] = {
+                "kind": "admin#directory#member", "etag": secrets.token_hex(6),
+                "id": str(int(hashlib.sha1(email.lower().encode()).hexdigest()[:12], 16)),
+                "email": email, "role": "MEMBER", "type": kind,
+            }
+            if kind == "USER":
+                member["status"] = status
+            if kind == "CUSTOMER":
+                member.pop("email")
+            listed = self.groups.setdefault(group.lower(), [])
+            listed[:] = [m for m in listed if m.get("email", "").lower() != email.lower()] + [member]
+
+    def remove_member(self, group: str, email: str) -> None:
+        """Take ``email`` out of ``group`` (``KeyError`` when it is not a direct member)."""
+        with self._lock:
+            listed = self.groups[group.lower()]
+            if not any(m.get("email", "").lower() == email.lower() for m in listed):
+                raise KeyError(f"{email} is not a member of {group}")
+            listed[:] = [m for m in listed if m.get("email", "").lower() != email.lower()]
+
+    def derived_members(self, group: str) -> list[dict[str, Any]]:
+        """Direct members of ``group`` then the members of nested groups, each once (what
+        ``includeDerivedMembership=true`` lists)."""
+        out: dict[str, dict[str, Any]] = {}
+        seen: set[str] = set()
+        queue = [group.lower()]
+        while queue:
+            current = queue.pop(0)
+            if current in seen:
+                continue
+            seen.add(current)
+            for member in self.groups.get(current, []):
+                out.setdefault(member.get("email", member["id"]).lower(), member)
+                if member["type"] == "GROUP":
+                    queue.append(member["email"].lower())
+        return list(out.values())
+
+    def stall_next(self, method: str, seconds: float, *, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``method`` (e.g. ``"members.list"``) answer after ``seconds``
+        (a client with a shorter timeout sees a socket timeout)."""
+        with self._lock:
+            self._stalls.append(_Fault(method, int(seconds * 1000), "", {}, times))
+
     def fail_next(self, method: str, status: int, reason: str = "backendError", *, times: int = 1,
                   headers: dict[str, str] | None = None) -> None:
         """Make the next ``times`` calls of ``method`` (e.g. ``"files.list"``) fail with ``status``."""
@@ -369,11 +620,29 @@ class FakeDrive:
 
     # ---- HTTP ----------------------------------------------------------------------------------
 
+    def _stall_for(self, request: Request) -> float:
+        """Seconds to wait before answering (an injected stall), matched by method name."""
+        with self._lock:
+            method = "members.list" if request.path.startswith("/admin/directory/v1/") else None
+            if method is None and request.path.startswith("/drive/v3/"):
+                parts = tuple(p for p in request.path[len("/drive/v3/"):].split("/") if p)
+                method = _METHODS.get(tuple("*" if i == 1 and parts[0] == "files" else p for i, p in enumerate(parts)))
+            for stall in self._stalls:
+                if stall.method == method and stall.remaining > 0:
+                    stall.remaining -= 1
+                    return stall.status / 1000
+        return 0.0
+
     def handle(self, request: Request) -> Response:
         """The WSGI-level entry point pytest-httpserver calls for every request."""
+        stall = self._stall_for(request)
+        if stall:
+            time.sleep(stall)   # outside the lock: other requests go on
         with self._lock:
             if request.path == "/token":
                 return self._token(request)
+            if request.path.startswith("/admin/directory/v1/"):
+                return self._directory(request)
             if not request.path.startswith("/drive/v3/"):
                 return _error(404, "notFound", f"no such path {request.path}")
             parts = tuple(p for p in request.path[len("/drive/v3/"):].split("/") if p)
@@ -384,8 +653,11 @@ class FakeDrive:
             auth = request.headers.get("Authorization", "")
             if not auth.startswith("Bearer ") or auth[len("Bearer "):] not in self._access_tokens:
                 return _error(401, "authError", "Request had invalid authentication credentials.")
+            if not self._token_info[auth[len("Bearer "):]][0] & DRIVE_SCOPES:
+                return _error(403, "insufficientPermissions", "Request had insufficient authentication scopes.")
             params = {k: v for k, v in request.args.items()}
-            self.requests.append((method, params))
+            # methods on one file are logged with their path parameter too
+            self.requests.append((method, {**params, "fileId": parts[1]} if "*" in pattern else params))
             known = set(self.discovery["parameters"])
             resource, verb = method.split(".")
             known |= set(self.discovery["resources"][resource]["methods"][verb].get("parameters", {}))
@@ -414,19 +686,24 @@ class FakeDrive:
                 claims = google_jwt.decode(assertion, certs=key, audience=GOOGLE_TOKEN_AUDIENCE)
             except Exception:  # noqa: BLE001 - any bad assertion is an invalid_grant
                 return _json({"error": "invalid_grant", "error_description": "Invalid JWT Signature."}, 400)
-            if DRIVE_READONLY not in str(claims.get("scope", "")).split():
+            scopes = frozenset(str(claims.get("scope", "")).split())
+            if not scopes or not scopes <= DRIVE_SCOPES | DIRECTORY_SCOPES:
                 return _json({"error": "invalid_scope"}, 400)
-            self.token_grants.append(f"jwt:{claims['iss']}")
+            identity = str(claims.get("sub") or claims["iss"])
+            self.token_grants.append(f"jwt:{claims['iss']}" + (f" as {claims['sub']}" if claims.get("sub") else ""))
         elif grant == "refresh_token":
             client = self.oauth_clients.get(form.get("client_id", ""))
             if client is None or client != (form.get("client_secret"), form.get("refresh_token")):
                 return _json({"error": "invalid_grant", "error_description": "Bad Request"}, 400)
+            scopes = frozenset((form.get("scope") or DRIVE_READONLY).split())
+            identity = str(form.get("client_id"))
             self.token_grants.append(f"refresh:{form.get('client_id')}")
         else:
             return _json({"error": "unsupported_grant_type"}, 400)
         token = "ya29.fake-" + secrets.token_urlsafe(24)
         self._access_tokens.add(token)
-        return _json({"access_token": token, "expires_in": 3599, "token_type": "Bearer", "scope": DRIVE_READONLY})
+        self._token_info[token] = (scopes, identity)
+        return _json({"access_token": token, "expires_in": 3599, "token_type": "Bearer", "scope": " ".join(sorted(scopes))})
 
     # ---- API methods ---------------------------------------------------------------------------
 
@@ -466,7 +743,7 @@ class FakeDrive:
         if offset is None:
             return _error(400, "invalid", "Invalid Value: pageToken")
         size = min(int(params.get("pageSize", 100)), self.page_limit)
-        page = items[offset:offset + size]
+        page = [self._view(r) for r in items[offset:offset + size]]
         body: dict[str, Any] = {"kind": "drive#fileList", "incompleteSearch": False, "files": page}
         if offset + size < len(items):
             body["nextPageToken"] = _encode_page(offset + size, "files", query)
@@ -480,8 +757,10 @@ class FakeDrive:
 
     def _files_get(self, params: dict[str, str], file_id: str) -> Any:
         resource = self._file_or_404(file_id, params)
-        if isinstance(resource, Response) or params.get("alt") != "media":
+        if isinstance(resource, Response):
             return resource
+        if params.get("alt") != "media":
+            return self._view(resource)
         if resource["mimeType"].startswith("application/vnd.google-apps."):
             return _error(403, "fileNotDownloadable",
                           "Only files with binary content can be downloaded. Use Export with Docs Editors files.")
@@ -533,7 +812,7 @@ class FakeDrive:
                 "time": self._clock.strftime("%Y-%m-%dT%H:%M:%S.000Z"), "removed": resource is None,
             }
             if resource is not None:
-                change["file"] = resource
+                change["file"] = self._view(resource)
                 if resource.get("driveId"):
                     change["driveId"] = resource["driveId"]
             entries.append((number, change))
@@ -545,6 +824,75 @@ class FakeDrive:
         else:
             body["newStartPageToken"] = str(self._next_change)
         return body
+
+    def _permissions_list(self, params: dict[str, str], file_id: str) -> Any:
+        if file_id in self.shared_drives:
+            if params.get("supportsAllDrives") != "true":
+                return _error(404, "notFound", f"File not found: {file_id}.")
+            permissions = sorted(({**p, "permissionDetails": [{"permissionType": "member", "role": p["role"],
+                                                               "inherited": False}]}
+                                  for p in self.grants.get(file_id, [])), key=lambda p: p["id"])
+            in_drive = True
+        else:
+            resource = self._file_or_404(file_id, params)
+            if isinstance(resource, Response):
+                return resource
+            if file_id in self.cannot_share:
+                return _error(403, "insufficientFilePermissions",
+                              "The user does not have sufficient permissions for this file.")
+            permissions = self.effective_permissions(file_id)
+            in_drive = bool(resource.get("driveId"))
+        offset = _decode_page(params.get("pageToken"), "permissions", file_id)
+        if offset is None:
+            return _error(400, "invalid", "Invalid Value: pageToken")
+        if "pageSize" in params:
+            size = min(int(params["pageSize"]), 100, self.page_limit)
+        else:   # documented: at most 100 for shared drives, the whole list otherwise
+            size = min(100, self.page_limit) if in_drive else len(permissions) or 1
+        body: dict[str, Any] = {"kind": "drive#permissionList", "permissions": permissions[offset:offset + size]}
+        if offset + size < len(permissions):
+            body["nextPageToken"] = _encode_page(offset + size, "permissions", file_id)
+        return body
+
+    def _directory(self, request: Request) -> Response:
+        """``members.list`` of the Admin SDK Directory API (the only Directory method the fake serves)."""
+        match = re.fullmatch(r"/admin/directory/v1/groups/([^/]+)/members", request.path)
+        if match is None or request.method != "GET":
+            return _error(404, "notFound", f"no such method {request.method} {request.path}")
+        auth = request.headers.get("Authorization", "")
+        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
+        if token not in self._access_tokens:
+            return _error(401, "authError", "Login Required.")
+        params = {k: v for k, v in request.args.items()}
+        self.requests.append(("members.list", {**params, "groupKey": match.group(1)}))
+        method = self.directory_discovery["resources"]["members"]["methods"]["list"]
+        unknown = set(params) - set(self.directory_discovery["parameters"]) - set(method["parameters"])
+        if unknown:
+            return _error(400, "invalidParameter", f"unknown parameters {sorted(unknown)}")
+        scopes, identity = self._token_info[token]
+        if not scopes & DIRECTORY_SCOPES:
+            return _error(403, "insufficientPermissions", "Request had insufficient authentication scopes.")
+        for fault in self._faults:
+            if fault.method == "members.list" and fault.remaining > 0:
+                fault.remaining -= 1
+                return _error(fault.status, fault.reason, "injected fault", fault.headers)
+        group = match.group(1).lower()
+        if identity not in self.directory_readers or group in self.hidden_groups:
+            return _error(403, "forbidden", "Not Authorized to access this resource/api")
+        if group not in self.groups:
+            return _error(404, "notFound", "Resource Not Found: groupKey")
+        members = (self.derived_members(group) if params.get("includeDerivedMembership") == "true"
+                   else list(self.groups[group]))
+        offset = _decode_page(params.get("pageToken"), "members", group + params.get("includeDerivedMembership", ""))
+        if offset is None:
+            return _error(400, "invalid", "Invalid Input: pageToken")
+        size = min(int(params.get("maxResults", 200)), 200, self.page_limit)
+        body: dict[str, Any] = {"kind": "admin#directory#members", "etag": '"fake-etag"'}
+        if members[offset:offset + size]:
+            body["members"] = members[offset:offset + size]
+        if offset + size < len(members):
+            body["nextPageToken"] = _encode_page(offset + size, "members", group + params.get("includeDerivedMembership", ""))
+        return _json(apply_fields(body, parse_fields(params.get("fields") or _DEFAULT_FIELDS["members.list"])))
 
     # ---- serving -------------------------------------------------------------------------------
 
