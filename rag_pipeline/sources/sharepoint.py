@@ -24,6 +24,58 @@ Change feed
     reconciles under the deletion guard. So does a deleted or moved folder that was in scope
     (its files are not always reported one by one).
 
+Permissions (``PermissionSource``)
+    ``permissions(documents)``: one ``GET /drives/{drive}/items/{id}/permissions`` per item (every
+    ``@odata.nextLink`` followed). That list is the item's *effective* permissions (its own and those
+    inherited from its ancestors; ``inheritedFrom`` is not needed, and SharePoint libraries do not send
+    it). Only roles ``read``, ``write`` and ``owner`` grant reading; a permission whose
+    ``expirationDateTime`` has passed grants nothing. Mapping of each identity
+    (``grantedToV2`` and ``grantedToIdentitiesV2``, or the deprecated ``grantedTo``/``grantedToIdentities``
+    when a response has no V2 form):
+
+    * a user -> ``user:<e-mail>`` from ``user.email``, else ``siteUser.email``, else the UPN in a
+      ``i:0#.f|membership|<upn>`` claims login name; with none of these ``user:graph:<object id>`` (a
+      principal no e-mail caller matches: that person reads the document only when a caller is named by
+      that object id, so an unknown address never widens access);
+    * an Entra ID group -> ``group:<self.name>:<group id>``, expanded by ``group_members``;
+    * a SharePoint site group (``siteGroup``; ``sharePointGroup``) -> ``group:<self.name>:sitegroup:<id>``
+      (``spgroup:<id>``). Graph v1.0 cannot list a site group's members (that needs the SharePoint REST
+      API), so ``group_members`` reports it in ``errors``: **it grants nobody anything**; only the users
+      and Entra groups the item names directly are readers;
+    * the claims login ``c:0-.f|rolemanager|spo-grid-all-users/...`` ("Everyone except external users")
+      -> ``domain:<org domain>`` for each configured ``org_domain``, else nothing; other claims, an
+      application or a device -> nothing;
+    * a sharing link: the people in ``grantedToIdentitiesV2`` (a ``users`` link; those who redeemed an
+      ``organization`` link); scope ``organization`` adds ``domain:<d>`` for each configured ``org_domain``
+      and otherwise **grants nothing more** (who holds the link is unknowable); ``anonymous`` adds
+      ``everyone`` only with ``link_sharing="everyone"``, otherwise nothing; ``existingAccess`` and
+      unknown scopes add nothing. An invitation not yet redeemed (``invitation`` and no identity)
+      grants nothing.
+
+    One item failing (403 ``accessDenied``, 404 ``itemNotFound``, throttling after retries, a body that
+    is not a permission collection) makes that item ``Scope.unreadable`` with the reason; a token failure
+    raises :class:`SourceError` (nothing could be read). An identity whose principal would be malformed
+    is left out (it grants nothing).
+
+    ``group_members(groups)``: ``GET /groups/{id}/transitiveMembers?$select=id,mail,userPrincipalName``
+    (``$top=999``, every next link): the flat nested membership. ``#microsoft.graph.user`` ->
+    ``user:<mail or userPrincipalName>`` (``user:graph:<id>`` with neither), ``#microsoft.graph.group`` ->
+    that group's principal; devices, contacts and service principals are nobody who reads. A group that
+    fails (403 ``Authorization_RequestDenied``, 404 ``Request_ResourceNotFound``, ...) goes to ``errors``.
+
+    ``permission_changes(cursor)``: a delta query of its own (independent of the content cursor) with
+    ``Prefer: deltashowremovedasdeleted, deltatraversepermissiongaps, deltashowsharingchanges,
+    hierarchicalsharing``. No cursor, an unusable one or 410 Gone -> ``PermissionChanges(None, fresh)``
+    where ``fresh`` wraps a ``?token=latest`` delta link (nothing is enumerated). Otherwise the changed
+    ids are: every in-scope *file* the feed reports (with or without ``@microsoft.graph.sharedChanged``: a
+    moved file inherits other permissions, and Graph need not flag that), and every file below an in-scope
+    folder flagged ``sharedChanged`` (listed through ``children``, since ``hierarchicalsharing`` reports
+    the folder only) or newly entering the scope. A flagged drive root, scope folder or ancestor of the
+    scope folder, or a scope folder that was deleted, means every document: ``changed_ids=None``.
+    Known gap: a folder moved *within* the scope between parents with different permissions is caught
+    only if Graph flags it ``sharedChanged``, otherwise by the next full permission sync. The cursor is
+    ``graphperm1:`` + compressed JSON (delta link, scope folder, its ancestors, in-scope folders).
+
 The cursor is opaque: ``graph1:`` + compressed JSON of the delta link, the scope folder id and the
 in-scope folder ids. Change detection: ``cTag`` (content tag; ``eTag`` when absent) as
 ``source_version``, ``file.hashes.sha256Hash`` as ``content_sha256`` where Graph gives one. Stable
@@ -41,7 +93,7 @@ import logging
 import os
 import urllib.parse
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -50,16 +102,22 @@ import msal
 import requests
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
-from rag_pipeline.sources.http import parse_retry_after
+from rag_pipeline.permissions.principals import EVERYONE, domain, parse_principal
+from rag_pipeline.permissions.principals import group as group_principal
+from rag_pipeline.permissions.principals import user as user_principal
 from rag_pipeline.sources.base import (
     ChangeFeedUnavailable,
     ChangeSet,
     DocumentSkipped,
+    GroupMembers,
     Inventory,
     ListingIncompleteError,
+    PermissionChanges,
+    Scope,
     SourceDocument,
     SourceError,
 )
+from rag_pipeline.sources.http import parse_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +134,24 @@ ENV_AUTHORITY = "RAG_MS_AUTHORITY"
 ENV_TENANT = "RAG_MS_TENANT_ID"
 ENV_CLIENT_ID = "RAG_MS_CLIENT_ID"
 ENV_CLIENT_SECRET = "RAG_MS_CLIENT_SECRET"
+ENV_ORG_DOMAIN = "RAG_MS_ORG_DOMAIN"
+"""The tenant's e-mail domain(s), comma-separated: what an ``organization`` sharing link grants."""
+ENV_LINK_SHARING = "RAG_MS_LINK_SHARING"
+"""``none`` (default) or ``everyone``: whether an ``anonymous`` sharing link makes a document public."""
+
+READ_ROLES = frozenset({"read", "write", "owner"})
+"""Permission roles that include reading the item."""
+LINK_SHARING = ("none", "everyone")
+SHARING_PREFER = ("deltashowremovedasdeleted, deltatraversepermissiongaps, deltashowsharingchanges, "
+                  "hierarchicalsharing")
+"""``Prefer`` of the permission delta (``deltashowsharingchanges`` needs the first two)."""
+PERMISSION_DELTA_SELECT = "id,name,file,folder,root,deleted,parentReference"
+MEMBER_SELECT = "id,mail,userPrincipalName"
+SHARED_CHANGED = "@microsoft.graph.sharedChanged"
+_PERM_CURSOR_PREFIX = "graphperm1:"
+_MEMBERSHIP_CLAIM = "i:0#.f|membership|"
+_ALL_USERS_CLAIM = "c:0-.f|rolemanager|spo-grid-all-users"
+_NO_EXPIRY = "0001-01-01"
 
 _CURSOR_PREFIX = "graph1:"
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -177,6 +253,41 @@ class _Gone(Exception):
     """HTTP 410 from a delta link (``resyncRequired``)."""
 
 
+class _TokenError(SourceError):
+    """No access token: nothing can be read."""
+
+
+@dataclass
+class _PermissionState:
+    """The permission cursor: delta link, scope folder (``None`` = drive root), the scope folder's
+    ancestors (root first) and the in-scope folders (path scope only)."""
+
+    link: str
+    scope_id: str | None = None
+    ancestors: list[str] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)
+
+    def encode(self) -> str:
+        """``graphperm1:`` + base64 of zlib-compressed JSON."""
+        raw = json.dumps({"v": 1, "l": self.link, "p": self.scope_id, "a": self.ancestors,
+                          "f": sorted(self.folders)}, separators=(",", ":")).encode("utf-8")
+        return _PERM_CURSOR_PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+    @classmethod
+    def decode(cls, cursor: str) -> _PermissionState:
+        """Parse :meth:`encode`'s output; raises ``ValueError`` for anything else."""
+        if not cursor.startswith(_PERM_CURSOR_PREFIX):
+            raise ValueError("not a graph permission cursor")
+        try:
+            data = json.loads(zlib.decompress(base64.urlsafe_b64decode(cursor[len(_PERM_CURSOR_PREFIX):])))
+        except (binascii.Error, zlib.error, ValueError) as exc:
+            raise ValueError("corrupt graph permission cursor") from exc
+        if not isinstance(data, dict) or data.get("v") != 1 or not isinstance(data.get("l"), str):
+            raise ValueError("unknown graph permission cursor version")
+        return cls(link=data["l"], scope_id=data.get("p"), ancestors=list(data.get("a") or []),
+                   folders=list(data.get("f") or []))
+
+
 class SharePointSource:
     """Files of one SharePoint document library or OneDrive (a Graph drive), optionally one folder.
 
@@ -187,6 +298,10 @@ class SharePointSource:
     CA bundle path for TLS (applies to Graph and to msal). ``scope`` defaults to
     ``<graph origin>/.default``. ``timeout_s``: per HTTP request.
     ``name`` defaults to ``sharepoint:<drive_id>`` or ``sharepoint:<drive_id>/<path>``.
+    ``org_domain``: the tenant's e-mail domain (or several): an ``organization`` sharing link grants
+    ``domain:<each>``; ``None`` (default): such a link grants nothing beyond the people it names.
+    ``link_sharing``: ``"none"`` (default: an ``anonymous`` link grants nothing) or ``"everyone"`` (it
+    makes the document readable by everyone). Raises ``ValueError`` for an invalid domain or mode.
     """
 
     def __init__(
@@ -204,9 +319,17 @@ class SharePointSource:
         name: str | None = None,
         timeout_s: float = 60.0,
         retry: RetryPolicy | None = None,
+        org_domain: str | Collection[str] | None = None,
+        link_sharing: str = "none",
     ) -> None:
         if not drive_id:
             raise ValueError("SharePointSource needs a drive_id")
+        if link_sharing not in LINK_SHARING:
+            raise ValueError(f"link_sharing must be one of {', '.join(LINK_SHARING)}, not {link_sharing!r}")
+        domains = [org_domain] if isinstance(org_domain, str) else list(org_domain or [])
+        self.org_domains = tuple(sorted({domain(d) for d in domains if d and d.strip()}))
+        """``domain:`` principals an ``organization`` link (and "Everyone except external users") grants."""
+        self.link_sharing = link_sharing
         self.drive_id = drive_id
         self.path = path.strip("/") if path else None
         self.name = name or (f"sharepoint:{drive_id}" + (f"/{self.path}" if self.path else ""))
@@ -228,18 +351,34 @@ class SharePointSource:
 
     @classmethod
     def from_env(
-        cls, *, drive_id: str, path: str | None = None, env: Mapping[str, str] | None = None
+        cls, *, drive_id: str, path: str | None = None, env: Mapping[str, str] | None = None,
+        org_domain: str | Collection[str] | None = None, link_sharing: str | None = None,
     ) -> SharePointSource:
         """Build from ``RAG_MS_TENANT_ID``, ``RAG_MS_CLIENT_ID``, ``RAG_MS_CLIENT_SECRET`` (required),
-        ``RAG_GRAPH_API_URL`` and ``RAG_MS_AUTHORITY`` (optional). TLS trust follows requests'
-        defaults (``REQUESTS_CA_BUNDLE``). ``env`` defaults to ``os.environ``. Raises
-        :class:`SourceError` (not transient) naming the missing variables, never their values.
+        ``RAG_GRAPH_API_URL``, ``RAG_MS_AUTHORITY``, ``RAG_MS_ORG_DOMAIN`` (comma-separated domains) and
+        ``RAG_MS_LINK_SHARING`` (``none`` | ``everyone``) (optional; ``org_domain``/``link_sharing``
+        given here win). TLS trust follows requests' defaults (``REQUESTS_CA_BUNDLE``). ``env``
+        defaults to ``os.environ``. Raises :class:`SourceError` (not transient) naming the missing or
+        invalid variables, never their values.
         """
         env = os.environ if env is None else env
         missing = [k for k in (ENV_TENANT, ENV_CLIENT_ID, ENV_CLIENT_SECRET) if not env.get(k)]
         if missing:
             raise SourceError(f"SharePoint source needs {', '.join(missing)}", transient=False)
+        if org_domain is None:
+            org_domain = [d.strip() for d in (env.get(ENV_ORG_DOMAIN) or "").split(",") if d.strip()]
+        if link_sharing is None:
+            link_sharing = (env.get(ENV_LINK_SHARING) or "none").strip().lower()
+        if link_sharing not in LINK_SHARING:
+            raise SourceError(f"{ENV_LINK_SHARING} must be one of {', '.join(LINK_SHARING)}", transient=False)
+        try:
+            for d in [org_domain] if isinstance(org_domain, str) else org_domain:
+                domain(d)
+        except ValueError:
+            raise SourceError(f"{ENV_ORG_DOMAIN} holds something that is not a domain name", transient=False) from None
         return cls(
+            org_domain=org_domain,
+            link_sharing=link_sharing,
             drive_id=drive_id,
             path=path,
             tenant_id=env[ENV_TENANT],
@@ -263,25 +402,26 @@ class SharePointSource:
                     timeout=self._timeout,
                 )
             except (ValueError, requests.RequestException) as exc:
-                raise SourceError(f"Entra ID authority {self._authority} unusable: {type(exc).__name__}") from None
+                raise _TokenError(f"Entra ID authority {self._authority} unusable: {type(exc).__name__}") from None
         result = self._app.acquire_token_for_client(scopes=[self._scope])
         token = result.get("access_token") if isinstance(result, dict) else None
         if not token:
             error = result.get("error", "unknown") if isinstance(result, dict) else "unknown"
             transient = error not in ("invalid_client", "unauthorized_client", "invalid_scope", "invalid_request")
-            raise SourceError(f"Entra ID token request failed: {error}", transient=transient)
+            raise _TokenError(f"Entra ID token request failed: {error}", transient=transient)
         return str(token)
 
-    def _get(self, url: str, *, stream: bool = False) -> requests.Response:
-        """GET a Graph URL with a bearer token and the retry policy; 2xx/3xx-followed responses
-        or 4xx are returned, retryable failures raise after the policy gives up."""
+    def _get(self, url: str, *, stream: bool = False, headers: Mapping[str, str] | None = None) -> requests.Response:
+        """GET a Graph URL with a bearer token (and ``headers``) under the retry policy; 2xx/3xx-followed
+        responses or 4xx are returned, retryable failures raise after the policy gives up."""
         if not url.startswith(self._origin + "/"):
             raise SourceError(f"refusing to follow a link outside {self._origin}")
         for attempt in self._retry.retrying():
             with attempt:
                 response = self._session.get(
                     url,
-                    headers={"Authorization": f"Bearer {self._token()}", "Accept": "application/json"},
+                    headers={**(headers or {}), "Authorization": f"Bearer {self._token()}",
+                             "Accept": "application/json"},
                     timeout=self._timeout,
                     stream=stream,
                 )
@@ -291,9 +431,9 @@ class SharePointSource:
                 return response
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _get_json(self, url: str, what: str) -> dict[str, Any]:
+    def _get_json(self, url: str, what: str, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
         try:
-            response = self._get(url)
+            response = self._get(url, headers=headers)
         except _RetryableResponse as exc:
             raise ListingIncompleteError(f"{what} failed: HTTP {exc.status} after retries") from None
         except requests.RequestException as exc:
@@ -310,7 +450,7 @@ class SharePointSource:
             raise ListingIncompleteError(f"{what} returned a body that is not a JSON object")
         return body
 
-    def _pages(self, url: str, what: str) -> Iterator[dict[str, Any]]:
+    def _pages(self, url: str, what: str, headers: Mapping[str, str] | None = None) -> Iterator[dict[str, Any]]:
         """Follow ``@odata.nextLink`` from ``url``; yields each page body. The last page yielded
         has a delta link (delta queries) or no next link (children listings)."""
         seen: set[str] = set()
@@ -318,24 +458,28 @@ class SharePointSource:
             if url in seen:
                 raise ListingIncompleteError(f"{what}: a next link repeated; stopped")
             seen.add(url)
-            body = self._get_json(url, what)
+            body = self._get_json(url, what, headers)
             yield body
             next_link = body.get("@odata.nextLink")
             if not next_link:
                 return
             url = str(next_link)
 
-    def _delta(self, url: str) -> tuple[dict[str, dict[str, Any]], str]:
-        """All items from a delta URL (last occurrence of an id wins) and the final delta link."""
+    def _delta(self, url: str, headers: Mapping[str, str] | None = None) -> tuple[dict[str, dict[str, Any]], str]:
+        """All items from a delta URL (last occurrence of an id wins) and the final delta link.
+        With ``headers`` (the permission delta) an item flagged ``sharedChanged`` on any of its
+        occurrences keeps the flag."""
         items: dict[str, dict[str, Any]] = {}
         delta_link = None
-        for body in self._pages(url, "Graph delta"):
+        for body in self._pages(url, "Graph delta", headers):
             for item in body.get("value") or []:
                 item_id = item.get("id") if isinstance(item, dict) else None
                 if not item_id:
                     log.warning("sharepoint: delta item without id ignored")
                     continue
-                items.pop(item_id, None)
+                previous = items.pop(item_id, None)
+                if previous is not None and _shared_changed(previous) and not _shared_changed(item):
+                    item = {**item, SHARED_CHANGED: "True"}
                 items[item_id] = item
             delta_link = body.get("@odata.deltaLink")
         if not delta_link:
@@ -509,6 +653,246 @@ class SharePointSource:
             raise SourceError(f"Graph download failed: HTTP {response.status_code} {_graph_error_code(response)}")
         return response.content
 
+    # ---- PermissionSource protocol ------------------------------------------------------
+
+    def permissions(self, documents: Sequence[SourceDocument]) -> Mapping[str, Scope]:
+        """``{source_id: Scope}`` from each item's effective Graph permissions (module docstring).
+
+        Never raises for one item (its scope is ``Scope.unreadable`` with the reason); raises
+        :class:`SourceError` when no token can be had (nothing could be read)."""
+        out: dict[str, Scope] = {}
+        for document in documents:
+            item_id = document.source_id
+            if item_id in out:
+                continue
+            try:
+                perms = self._item_permissions(item_id)
+            except _TokenError:
+                raise
+            except (SourceError, _Gone) as exc:
+                reason = str(exc) if isinstance(exc, SourceError) else "HTTP 410"
+                out[item_id] = Scope.unreadable(f"Graph permissions of item {item_id}: {reason}")
+                continue
+            principals: set[str] = set()
+            for perm in perms:
+                principals |= self._grants(perm)
+            out[item_id] = Scope.of(principals)
+        return out
+
+    def _item_permissions(self, item_id: str) -> list[dict[str, Any]]:
+        """Every page of ``/items/{id}/permissions``; raises ``ListingIncompleteError`` on a failure
+        or a body that is not a permission collection."""
+        url = self._drive_url(f"/items/{urllib.parse.quote(item_id, safe='')}/permissions")
+        perms: list[dict[str, Any]] = []
+        for body in self._pages(url, "Graph permissions"):
+            value = body.get("value")
+            if not isinstance(value, list):
+                raise ListingIncompleteError("Graph permissions: a page without a value list")
+            perms.extend(p for p in value if isinstance(p, dict))
+        return perms
+
+    def _grants(self, perm: Mapping[str, Any]) -> set[str]:
+        """The principals one ``permission`` lets read the item (empty: it grants no reading)."""
+        roles = {str(r).lower() for r in perm.get("roles") or [] if isinstance(r, str)}
+        if not roles & READ_ROLES or _expired(perm.get("expirationDateTime")):
+            return set()
+        identities: list[Any] = []
+        single = perm["grantedToV2"] if "grantedToV2" in perm else perm.get("grantedTo")
+        identities.append(single)
+        many = perm["grantedToIdentitiesV2"] if "grantedToIdentitiesV2" in perm else perm.get("grantedToIdentities")
+        identities.extend(many if isinstance(many, list) else [])
+        out: set[str] = set()
+        for identity in identities:
+            if isinstance(identity, dict):
+                out |= self._identity_principals(identity)
+        link = perm.get("link")
+        if isinstance(link, dict):
+            scope = str(link.get("scope") or "").lower()
+            if scope == "organization":
+                out.update(self.org_domains)
+            elif scope == "anonymous" and self.link_sharing == "everyone":
+                out.add(EVERYONE)
+        return {p for p in out if _valid(p)}
+
+    def _identity_principals(self, identity: Mapping[str, Any]) -> set[str]:
+        """Principals of one ``sharePointIdentitySet`` (module docstring); empty when it names nobody
+        this index can represent (an application, a device, an unknown claim)."""
+        group = _mapping(identity.get("group"))
+        if group.get("id"):
+            return {group_principal(self.name, str(group["id"]))}
+        for key, kind in (("sharePointGroup", "spgroup"), ("siteGroup", "sitegroup")):
+            site_group = _mapping(identity.get(key))
+            if site_group.get("id") not in (None, ""):
+                return {group_principal(self.name, f"{kind}:{site_group['id']}")}
+        user, site_user = _mapping(identity.get("user")), _mapping(identity.get("siteUser"))
+        login = str(site_user.get("loginName") or "")
+        if login.lower().startswith(_ALL_USERS_CLAIM):
+            return set(self.org_domains)
+        for candidate in (user.get("email"), site_user.get("email"),
+                          login[len(_MEMBERSHIP_CLAIM):] if login.lower().startswith(_MEMBERSHIP_CLAIM) else None):
+            if isinstance(candidate, str) and "@" in candidate:
+                return {user_principal(candidate)}
+        if user.get("id"):
+            return {user_principal(f"graph:{user['id']}")}
+        return set()
+
+    def group_members(self, groups: Collection[str]) -> GroupMembers:
+        """Transitive members of each Entra ID group principal this source issued (module docstring).
+
+        A group of another source, a SharePoint site group (not readable through Graph) or a failed read
+        goes to ``errors`` (it grants nothing). Raises :class:`SourceError` only when no token can be had."""
+        members: dict[str, frozenset[str]] = {}
+        errors: dict[str, str] = {}
+        prefix = f"group:{self.name}:"
+        for principal in sorted(set(groups)):
+            group_id = principal[len(prefix):] if principal.startswith(prefix) else ""
+            if not group_id:
+                errors[principal] = f"not a group principal of {self.name}"
+                continue
+            if group_id.startswith(("sitegroup:", "spgroup:")):
+                errors[principal] = ("a SharePoint site group: Microsoft Graph v1.0 cannot list its members, "
+                                     "so it grants nothing")
+                continue
+            query = urllib.parse.urlencode({"$select": MEMBER_SELECT, "$top": "999"}, safe="$,")
+            url = f"{self._graph}/groups/{urllib.parse.quote(group_id, safe='')}/transitiveMembers?{query}"
+            found: set[str] = set()
+            try:
+                for body in self._pages(url, "Graph transitiveMembers"):
+                    value = body.get("value")
+                    if not isinstance(value, list):
+                        raise ListingIncompleteError("Graph transitiveMembers: a page without a value list")
+                    for member in value:
+                        principal_of = self._member_principal(member) if isinstance(member, dict) else None
+                        if principal_of and _valid(principal_of):
+                            found.add(principal_of)
+            except _TokenError:
+                raise
+            except (SourceError, _Gone) as exc:
+                errors[principal] = f"members of group {group_id}: {exc if isinstance(exc, SourceError) else 'HTTP 410'}"
+                continue
+            members[principal] = frozenset(found)
+        return GroupMembers(members=members, errors=errors)
+
+    def _member_principal(self, member: Mapping[str, Any]) -> str | None:
+        kind = str(member.get("@odata.type") or "").lower()
+        member_id = member.get("id")
+        if kind == "#microsoft.graph.group" and member_id:
+            return group_principal(self.name, str(member_id))
+        if kind != "#microsoft.graph.user":
+            return None  # devices, contacts, service principals: nobody who reads documents
+        for candidate in (member.get("mail"), member.get("userPrincipalName")):
+            if isinstance(candidate, str) and "@" in candidate:
+                return user_principal(candidate)
+        return user_principal(f"graph:{member_id}") if member_id else None
+
+    def permission_changes(self, cursor: str | None) -> PermissionChanges:
+        """Items whose permissions may have changed since ``cursor`` (module docstring).
+
+        Returns ``PermissionChanges(None, fresh)`` without a usable cursor or on 410 Gone; raises
+        :class:`ListingIncompleteError` when a page or a folder listing fails (the cursor is then not
+        advanced) and :class:`SourceError` when no token can be had."""
+        if not cursor:
+            return PermissionChanges(None, self._fresh_permission_cursor())
+        try:
+            state = _PermissionState.decode(cursor)
+        except ValueError as exc:
+            log.warning("sharepoint: %s; reading every document's permissions", exc)
+            return PermissionChanges(None, self._fresh_permission_cursor())
+        try:
+            items, delta_link = self._delta(state.link, headers={"Prefer": SHARING_PREFER})
+        except _Gone:
+            return PermissionChanges(None, self._fresh_permission_cursor())
+        whole_drive = state.scope_id is None
+        folders = set(state.folders)
+        above = set(state.ancestors) | ({state.scope_id} if state.scope_id else set())
+        read_all = False
+        expand: list[str] = []
+        changed: set[str] = set()
+
+        def is_folder(item: Mapping[str, Any]) -> bool:
+            return "folder" in item or "root" in item
+
+        def parent_of(item: Mapping[str, Any]) -> str | None:
+            return (item.get("parentReference") or {}).get("id")
+
+        for item_id, item in items.items():
+            if not is_folder(item):
+                continue
+            if item_id in above or "root" in item:
+                if _shared_changed(item) or ("deleted" in item and item_id == state.scope_id):
+                    read_all = True
+                continue
+            if whole_drive:
+                if _shared_changed(item) and "deleted" not in item:
+                    expand.append(item_id)
+            elif "deleted" in item:
+                folders.discard(item_id)
+        if not whole_drive:
+            # folders entering the scope (new, or moved in): their files now inherit from it
+            progress = True
+            while progress:
+                progress = False
+                for item_id, item in items.items():
+                    if is_folder(item) and "deleted" not in item and item_id not in folders \
+                            and item_id not in above and parent_of(item) in folders:
+                        folders.add(item_id)
+                        expand.append(item_id)
+                        progress = True
+            for item_id, item in items.items():
+                if not is_folder(item) or "deleted" in item or item_id in above:
+                    continue
+                if item_id in folders and parent_of(item) not in folders:
+                    folders.discard(item_id)  # moved out: its files leave the content scope too
+                elif item_id in folders and _shared_changed(item):
+                    expand.append(item_id)
+        next_state = _PermissionState(link=delta_link, scope_id=state.scope_id, ancestors=state.ancestors,
+                                      folders=sorted(folders))
+        if read_all:
+            return PermissionChanges(None, next_state.encode())
+        for item_id, item in items.items():
+            if not is_folder(item) and (whole_drive or parent_of(item) in folders):
+                changed.add(item_id)
+        walked: set[str] = set()
+        for folder_id in expand:
+            if folder_id in walked:
+                continue
+            walked.add(folder_id)
+            for child in self._children(folder_id):
+                if "folder" in child:
+                    walked.add(child["id"])
+                    if not whole_drive:
+                        folders.add(child["id"])
+                elif "file" in child:
+                    changed.add(child["id"])
+        next_state.folders = sorted(folders)
+        return PermissionChanges(sorted(changed), next_state.encode())
+
+    def _fresh_permission_cursor(self) -> str:
+        """A permission cursor as of now: a ``?token=latest`` delta link, nothing enumerated (a path
+        scope lists its folders, to tell later which items are in it)."""
+        scope_id = self._resolve_scope()
+        # the link first: a folder made while the scope is listed below is then in the next delta
+        url = self._drive_url("/root/delta") + "?" + urllib.parse.urlencode(
+            {"token": "latest", "$select": PERMISSION_DELTA_SELECT}, safe="$,")
+        try:
+            _, link = self._delta(url, headers={"Prefer": SHARING_PREFER})
+        except _Gone:
+            raise ListingIncompleteError("Graph delta ?token=latest answered 410 Gone") from None
+        ancestors: list[str] = []
+        folders: list[str] = []
+        if scope_id is not None:
+            root = self._get_json(self._drive_url("/root") + "?$select=id", "drive root")
+            if root.get("id"):
+                ancestors.append(str(root["id"]))
+            parts = (self.path or "").split("/")
+            for depth in range(1, len(parts)):
+                prefix = urllib.parse.quote("/".join(parts[:depth]))
+                folder = self._get_json(self._drive_url(f"/root:/{prefix}") + "?$select=id", "scope ancestor")
+                if folder.get("id"):
+                    ancestors.append(str(folder["id"]))
+            folders = [scope_id] + [c["id"] for c in self._children(scope_id) if "folder" in c]
+        return _PermissionState(link=link, scope_id=scope_id, ancestors=ancestors, folders=folders).encode()
+
     # ---- mapping ------------------------------------------------------------------------
 
     def _to_document(self, item: Mapping[str, Any]) -> SourceDocument:
@@ -536,6 +920,32 @@ class SharePointSource:
             content_sha256=sha256.lower() if isinstance(sha256, str) and sha256 else None,
             metadata=metadata,
         )
+
+
+def _shared_changed(item: Mapping[str, Any]) -> bool:
+    return str(item.get(SHARED_CHANGED, "")).lower() == "true"
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _valid(principal: str) -> bool:
+    """Whether ``principal`` survives ``parse_principal`` unchanged (a malformed one grants nothing)."""
+    try:
+        return parse_principal(principal) == principal
+    except ValueError:
+        log.warning("sharepoint: a malformed principal from Graph left out (it grants nothing)")
+        return False
+
+
+def _expired(value: Any) -> bool:
+    """Whether a permission's ``expirationDateTime`` has passed (``0001-01-01...`` or absent: never;
+    one that cannot be parsed counts as passed)."""
+    if not isinstance(value, str) or not value or value.startswith(_NO_EXPIRY):
+        return False
+    when = _parse_time(value)
+    return when is None or when <= datetime.now(timezone.utc)  # unparsable: grants nothing
 
 
 def _graph_error_code(response: requests.Response) -> str:

@@ -16,6 +16,33 @@ authorities. The real ``msal`` and ``requests`` talk to it:
 * ``GET /v1.0/me/drive/...``: the three real delta bodies in ``../shared/fixtures/msgraph``, served
   as they are except that their ``graph.microsoft.com`` origin is rewritten to this server's.
 
+Permissions (Graph v1.0 ``permission`` resource, shapes from Microsoft's documented examples; the
+fixtures in ``../shared/fixtures/msgraph`` hold none, so these bodies are SYNTHETIC):
+
+* ``GET /v1.0/drives/{drive}/items/{id}/permissions``: the item's *effective* permissions: its own, then
+  (unless its inheritance is broken, ``break_inheritance``) every ancestor's up to the nearest one with
+  unique permissions, each inherited one carrying ``inheritedFrom {driveId, id, path}``
+  (``report_inherited_from=False`` drops it, as SharePoint libraries do). Server-driven paging
+  (``permissions_page_limit`` per page, ``@odata.nextLink`` with a ``$skiptoken``), ``$select``.
+  Errors: 404 ``itemNotFound``, 403 ``accessDenied`` (``deny_permissions``).
+* ``GET /v1.0/groups/{id}/transitiveMembers``: the flat list of nested members (users as
+  ``#microsoft.graph.user`` with ``mail``/``userPrincipalName``, groups as ``#microsoft.graph.group``,
+  devices as ``#microsoft.graph.device``), loops cut; ``$select`` (``@odata.type`` always kept), ``$top``
+  (at most 999; a page holds at most ``members_page_limit``), ``@odata.nextLink``. Errors: 404
+  ``Request_ResourceNotFound``, 403 ``Authorization_RequestDenied`` (``deny_group``).
+* ``GET /v1.0/drives/{drive}/root`` and ``/items/{id}`` (one item, ``$select``).
+* Delta with ``Prefer: deltashowsharingchanges`` (which the docs say needs ``deltashowremovedasdeleted``
+  and ``deltatraversepermissiongaps`` in the same request; the fake answers 400 without them): every
+  item reported because its sharing changed carries ``"@microsoft.graph.sharedChanged": "True"``.
+  A folder's sharing change reports the folder and every item below it, or with
+  ``Prefer: hierarchicalsharing`` the folder only. Without ``deltashowsharingchanges`` the same items
+  are reported without the annotation. Sharing changes touch neither ``eTag`` nor ``cTag``.
+* Test helpers: ``add_user``, ``add_group``, ``add_device``, ``add_member``/``remove_member``,
+  ``add_site_group``, ``grant`` (a user, an Entra group or a SharePoint site group), ``create_link``
+  (``anonymous`` | ``organization`` | ``users``), ``revoke``, ``break_inheritance``,
+  ``deny_permissions``/``deny_group``; ``fail_next("permissions" | "members", ...)``. ``may_read`` is
+  the ground truth of who may read an item, computed from this fake's own state (not from JSON).
+
 SYNTHETIC: every delta page for ``/drives/{drive}`` is built by this fake from the shapes of those
 fixtures (Microsoft's documented examples); next and delta links carry an opaque base64 token.
 Deleted items are reported with ``deleted`` and a ``parentReference`` but without ``name``.
@@ -50,6 +77,8 @@ from werkzeug.wrappers import Request, Response
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 FIXTURES = SHARED / "fixtures" / "msgraph"
 REAL_ORIGIN = "https://graph.microsoft.com"
+SHARED_CHANGED = "@microsoft.graph.sharedChanged"
+SHARING_PREFER_NEEDS = frozenset({"deltashowremovedasdeleted", "deltatraversepermissiongaps"})
 
 
 @dataclass
@@ -87,6 +116,26 @@ class FakeGraph:
     """A glitch: a fresh delta enumeration returns the drive root only."""
     base_url: str = ""
     cdn_url: str = ""
+    permissions_page_limit: int = 2
+    members_page_limit: int = 2
+    report_inherited_from: bool = True
+    users: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Directory users by id: ``{id, displayName, mail, userPrincipalName}``."""
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Entra ID groups by id: ``{id, displayName, mail, members: [directory object ids]}``."""
+    devices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    site_groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """SharePoint site groups by (site-local) id: ``{id, displayName, members: [user ids]}``."""
+    permissions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Each item's own permissions (the ``permission`` JSON without ``inheritedFrom``)."""
+    unique: set[str] = field(default_factory=set)
+    """Items whose inheritance is broken: they carry their own permissions only."""
+    denied_permissions: set[str] = field(default_factory=set)
+    denied_groups: set[str] = field(default_factory=set)
+    permission_reads: list[str] = field(default_factory=list)
+    """Item ids whose permissions were requested (first page of each read)."""
+    member_reads: list[str] = field(default_factory=list)
+    """Group ids whose transitive members were requested (first page of each read)."""
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -97,6 +146,8 @@ class FakeGraph:
         self._access_tokens: set[str] = set()
         self.recycle_bin: dict[str, dict[str, Any]] = {}
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
+        self._perm_ids = itertools.count(1)
+        self._directory_ids = itertools.count(1)
         self.root_id = self._new_id()
         self.items[self.root_id] = {
             "id": self.root_id, "name": "root", "root": {}, "folder": {"childCount": 0},
@@ -104,6 +155,7 @@ class FakeGraph:
             "webUrl": "https://contoso.sharepoint.com/sites/fake/Shared%20Documents",
             "parentReference": {"driveId": self.drive_id, "driveType": "documentLibrary"},
         }
+        self.unique.add(self.root_id)  # the library: the top of every permission hierarchy
 
     # ---- ids, time, the change log -----------------------------------------------------------
 
@@ -249,10 +301,220 @@ class FakeGraph:
             self._touch(item, content=False)
             self._record(item_id, item)
 
+    # ---- directory, permissions and sharing -----------------------------------------------------
+
+    def _directory_id(self) -> str:
+        n = next(self._directory_ids)
+        return f"{n:08x}-0000-4000-8000-{n:012x}"  # Entra object ids are GUIDs
+
+    def add_user(self, email: str, *, display_name: str | None = None, mail: bool = True,
+                 upn: str | None = None) -> str:
+        """A directory user; ``mail=False``: no ``mail`` (the UPN, default ``email``, identifies it)."""
+        with self._lock:
+            user_id = self._directory_id()
+            self.users[user_id] = {"id": user_id, "displayName": display_name or email.split("@")[0].title(),
+                                   "mail": email if mail else None, "userPrincipalName": upn or email}
+            return user_id
+
+    def add_group(self, name: str, members: tuple[str, ...] | list[str] = (), *, mail: str | None = None) -> str:
+        """An Entra ID (security or Microsoft 365) group whose direct members are directory object ids."""
+        with self._lock:
+            group_id = self._directory_id()
+            self.groups[group_id] = {"id": group_id, "displayName": name, "mail": mail, "members": list(members)}
+            return group_id
+
+    def add_device(self, name: str) -> str:
+        """A device object (groups may hold devices; they are nobody who reads documents)."""
+        with self._lock:
+            device_id = self._directory_id()
+            self.devices[device_id] = {"id": device_id, "displayName": name}
+            return device_id
+
+    def add_member(self, group_id: str, member_id: str) -> None:
+        """Add a direct member (user, group or device id) to a group. Not a change of any drive item."""
+        with self._lock:
+            if member_id not in self.groups[group_id]["members"]:
+                self.groups[group_id]["members"].append(member_id)
+
+    def remove_member(self, group_id: str, member_id: str) -> None:
+        """Remove a direct member from a group. Not a change of any drive item."""
+        with self._lock:
+            self.groups[group_id]["members"].remove(member_id)
+
+    def add_site_group(self, name: str, members: tuple[str, ...] | list[str] = ()) -> str:
+        """A SharePoint site group (site-local numeric id) of user ids; Graph v1.0 cannot list its members."""
+        with self._lock:
+            group_id = str(len(self.site_groups) + 3)  # 1..3 are the site's owners/members/visitors
+            self.site_groups[group_id] = {"id": group_id, "displayName": name, "members": list(members)}
+            return group_id
+
+    def _perm_id(self) -> str:
+        return base64.urlsafe_b64encode(f"perm-{next(self._perm_ids)}".encode()).decode().rstrip("=")
+
+    def _user_identity(self, user_id: str, *, email: bool = True) -> dict[str, Any]:
+        user = self.users[user_id]
+        address = user["mail"] or user["userPrincipalName"]
+        identity: dict[str, Any] = {
+            "user": {"id": user_id, "displayName": user["displayName"]},
+            "siteUser": {"id": str(10 + list(self.users).index(user_id)), "displayName": user["displayName"],
+                         "loginName": f"i:0#.f|membership|{user['userPrincipalName']}"},
+        }
+        if email:
+            identity["user"]["email"] = address
+            identity["siteUser"]["email"] = address
+        return identity
+
+    def grant(self, item_id: str, *, user: str | None = None, group: str | None = None,
+              site_group: str | None = None, roles: tuple[str, ...] = ("read",), email: bool = True,
+              login_name: bool = True) -> str:
+        """Give ``user``, ``group`` (Entra ID) or ``site_group`` (SharePoint) ``roles`` on an item;
+        returns the permission id. ``email=False``: the identities carry no e-mail address;
+        ``login_name=False`` (with it): no claims login name either (only the object id is known)."""
+        with self._lock:
+            perm: dict[str, Any] = {"id": self._perm_id(), "roles": list(roles)}
+            if user is not None:
+                identity = self._user_identity(user, email=email)
+                if not login_name:
+                    identity.pop("siteUser")
+                perm["grantedToV2"] = identity
+            elif group is not None:
+                g = self.groups[group]
+                perm["grantedToV2"] = {
+                    "group": {"id": group, "displayName": g["displayName"], **({"email": g["mail"]} if g["mail"] else {})},
+                    "siteUser": {"id": str(100 + list(self.groups).index(group)), "displayName": g["displayName"],
+                                 "loginName": f"c:0o.c|federateddirectoryclaimprovider|{group}"},
+                }
+            elif site_group is not None:
+                sg = self.site_groups[site_group]
+                perm["grantedToV2"] = {"siteGroup": {"id": site_group, "displayName": sg["displayName"],
+                                                     "loginName": sg["displayName"]}}
+            else:
+                raise ValueError("grant needs a user, a group or a site group")
+            self.permissions.setdefault(item_id, []).append(perm)
+            self._record_sharing(item_id)
+            return perm["id"]
+
+    def create_link(self, item_id: str, scope: str, *, type: str = "view", users: tuple[str, ...] | list[str] = (),
+                    expires: str | None = None) -> str:
+        """A sharing link (``anonymous`` | ``organization`` | ``users``, ``view`` | ``edit``); ``users``:
+        the people a ``users`` link was given to (``grantedToIdentitiesV2``). Returns the permission id."""
+        with self._lock:
+            perm_id = self._perm_id()
+            perm: dict[str, Any] = {
+                "id": perm_id, "roles": ["write" if type == "edit" else "read"],
+                "link": {"scope": scope, "type": type, "preventsDownload": False,
+                         "webUrl": f"https://contoso.sharepoint.com/:w:/s/fake/{perm_id}"},
+                "grantedToIdentitiesV2": [self._user_identity(u) for u in users],
+                "shareId": f"u!{perm_id}", "hasPassword": False,
+            }
+            if expires:
+                perm["expirationDateTime"] = expires
+            self.permissions.setdefault(item_id, []).append(perm)
+            self._record_sharing(item_id)
+            return perm_id
+
+    def revoke(self, item_id: str, perm_id: str) -> None:
+        """Delete one of the item's own permissions (an inherited one is revoked on its ancestor)."""
+        with self._lock:
+            before = len(self.permissions.get(item_id, []))
+            self.permissions[item_id] = [p for p in self.permissions.get(item_id, []) if p["id"] != perm_id]
+            if len(self.permissions[item_id]) == before:
+                raise KeyError(f"item {item_id} has no permission {perm_id}")
+            self._record_sharing(item_id)
+
+    def break_inheritance(self, item_id: str, *, copy_permissions: bool = True) -> None:
+        """Give an item unique permissions (SharePoint "stop inheriting"): by default a copy of what it
+        inherited becomes its own; later changes to ancestors no longer reach it."""
+        with self._lock:
+            if copy_permissions:
+                inherited = [{k: v for k, v in p.items() if k != "inheritedFrom"}
+                             for p in self.effective_permissions(item_id) if "inheritedFrom" in p]
+                self.permissions.setdefault(item_id, []).extend(copy.deepcopy(inherited))
+            self.unique.add(item_id)
+            self._record_sharing(item_id)
+
+    def deny_permissions(self, item_id: str, denied: bool = True) -> None:
+        """Reading this item's permissions answers 403 ``accessDenied`` (or no longer, ``denied=False``)."""
+        with self._lock:
+            (self.denied_permissions.add if denied else self.denied_permissions.discard)(item_id)
+
+    def deny_group(self, group_id: str, denied: bool = True) -> None:
+        """Reading this group's members answers 403 ``Authorization_RequestDenied`` (or no longer)."""
+        with self._lock:
+            (self.denied_groups.add if denied else self.denied_groups.discard)(group_id)
+
+    def _record_sharing(self, item_id: str) -> None:
+        snapshot = copy.deepcopy(self.items[item_id])
+        snapshot[SHARED_CHANGED] = "True"
+        self._record_plain(snapshot)
+
+    def effective_permissions(self, item_id: str) -> list[dict[str, Any]]:
+        """The item's own permissions, then each ancestor's up to the nearest with unique permissions
+        (those carry ``inheritedFrom``)."""
+        out = [copy.deepcopy(p) for p in self.permissions.get(item_id, [])]
+        current = item_id
+        while current not in self.unique:
+            parent = (self.items[current].get("parentReference") or {}).get("id")
+            if not parent or parent not in self.items:
+                break
+            path = "/drives/" + self.drive_id + "/root:" + ("" if parent == self.root_id else "/" + self._path_of(parent))
+            for p in self.permissions.get(parent, []):
+                out.append({**copy.deepcopy(p), "inheritedFrom": {"driveId": self.drive_id, "id": parent, "path": path}})
+            current = parent
+        return out
+
+    def transitive_members(self, group_id: str) -> list[str]:
+        """Every directory object id reachable from the group's members (nested groups included), loops cut."""
+        seen: list[str] = []
+        stack = list(reversed(self.groups[group_id]["members"]))
+        while stack:
+            member = stack.pop()
+            if member in seen or member == group_id:
+                continue
+            seen.append(member)
+            if member in self.groups:
+                stack.extend(reversed(self.groups[member]["members"]))
+        return seen
+
+    def may_read(self, email: str, item_id: str, *, org_domain: str | None = None, anyone_links: bool = False,
+                 site_groups: bool = False) -> bool:
+        """Ground truth from this fake's state: may the user with ``email`` read the item? Roles read,
+        write and owner read; a user, a group holding the user (nested), a ``users`` link naming them, an
+        ``organization`` link when their address is in ``org_domain``, an ``anonymous`` link with
+        ``anyone_links``, a site group holding them with ``site_groups``."""
+        with self._lock:
+            if item_id not in self.items:
+                return False
+            email = email.lower()
+            mine = {uid for uid, u in self.users.items()
+                    if (u["mail"] or u["userPrincipalName"]).lower() == email}
+            if not mine:
+                return False
+            groups = {gid for gid in self.groups if mine & set(self.transitive_members(gid))}
+            for perm in self.effective_permissions(item_id):
+                if not set(perm.get("roles") or ()) & {"read", "write", "owner"}:
+                    continue
+                granted = perm.get("grantedToV2") or {}
+                if (granted.get("user") or {}).get("id") in mine or (granted.get("group") or {}).get("id") in groups:
+                    return True
+                site_group = (granted.get("siteGroup") or {}).get("id")
+                if site_groups and site_group and mine & set(self.site_groups[site_group]["members"]):
+                    return True
+                link = perm.get("link")
+                if link:
+                    if any((i.get("user") or {}).get("id") in mine for i in perm.get("grantedToIdentitiesV2") or []):
+                        return True
+                    if link.get("scope") == "organization" and org_domain and email.endswith("@" + org_domain):
+                        return True
+                    if link.get("scope") == "anonymous" and anyone_links:
+                        return True
+            return False
+
     # ---- faults --------------------------------------------------------------------------------
 
     def fail_next(self, kind: str, status: int, *, times: int = 1, retry_after: str | None = None) -> None:
-        """The next ``times`` requests of ``kind`` (``"delta"``, ``"content"``, ``"token"``) fail."""
+        """The next ``times`` requests of ``kind`` (``"delta"``, ``"content"``, ``"token"``,
+        ``"permissions"``, ``"members"``) fail."""
         headers = {"Retry-After": retry_after} if retry_after is not None else {}
         with self._lock:
             self._faults.append(_Fault(kind, status, headers, times))
@@ -282,6 +544,9 @@ class FakeGraph:
             self.requests.append((path, query))
             if path.startswith("/v1.0/me/drive/"):
                 return self._fixture_page(request)
+            members = re.fullmatch(r"/v1\.0/groups/([^/]+)/transitiveMembers", path)
+            if members:
+                return self._fault("members") or self._transitive_members(members.group(1), request, query)
             drive_prefix = f"/v1.0/drives/{self.drive_id}"
             if not path.startswith(drive_prefix):
                 return _error(404, "itemNotFound", "The resource could not be found.")
@@ -290,11 +555,20 @@ class FakeGraph:
                 return self._fault("delta") or self._delta(request, query)
             if rest.startswith("/root:/"):
                 return self._by_path(urllib.parse.unquote(rest[len("/root:/"):]).rstrip(":"), query)
-            match = re.fullmatch(r"/items/([^/]+)/(children|content)", rest)
+            if rest == "/root":
+                return _json(_apply_select(self.items[self.root_id], query.get("$select")))
+            match = re.fullmatch(r"/items/([^/]+)/(children|content|permissions)", rest)
             if match and match.group(2) == "children":
                 return self._children(match.group(1), query)
+            if match and match.group(2) == "permissions":
+                return self._fault("permissions") or self._permissions(match.group(1), request, query)
             if match:
                 return self._fault("content") or self._content(match.group(1))
+            single = re.fullmatch(r"/items/([^/]+)", rest)
+            if single:
+                if single.group(1) not in self.items:
+                    return _error(404, "itemNotFound", "The resource could not be found.")
+                return _json(_apply_select(self.items[single.group(1)], query.get("$select")))
             return _error(404, "itemNotFound", "The resource could not be found.")
 
     def handle_cdn(self, request: Request) -> Response:
@@ -365,6 +639,10 @@ class FakeGraph:
         return out
 
     def _delta(self, request: Request, query: dict[str, str]) -> Response:
+        prefer = {p.strip().lower() for h in request.headers.getlist("Prefer") for p in h.split(",") if p.strip()}
+        if "deltashowsharingchanges" in prefer and not SHARING_PREFER_NEEDS <= prefer:
+            return _error(400, "invalidRequest", "Prefer: deltashowsharingchanges requires deltashowremovedasdeleted "
+                                                 "and deltatraversepermissiongaps")
         token = query.get("token")
         select = query.get("$select")
         if token == "latest":
@@ -391,7 +669,17 @@ class FakeGraph:
         if state["since"] is None:
             entries = [copy.deepcopy(i) for i in self._tree_order()][: 1 if self.hide_items else None]
         else:
-            entries = [snap for seq, snap in self.log if state["since"] < seq <= state["upto"]]
+            entries = []
+            for seq, snap in self.log:
+                if not state["since"] < seq <= state["upto"]:
+                    continue
+                entries.append(snap)
+                if snap.get(SHARED_CHANGED) and "folder" in snap and "hierarchicalsharing" not in prefer:
+                    # a folder's sharing change changes what every item below it inherits
+                    entries.extend({**copy.deepcopy(self.items[i]), SHARED_CHANGED: "True"}
+                                   for i in self._descendants(snap["id"]))
+        if "deltashowsharingchanges" not in prefer:
+            entries = [{k: v for k, v in e.items() if k != SHARED_CHANGED} for e in entries]
         offset = state["o"]
         page = [_apply_select(e, select) for e in entries[offset:offset + self.page_limit]]
         body: dict[str, Any] = {"@odata.context": f"{self.base_url}/v1.0/$metadata#Collection(driveItem)", "value": page}
@@ -415,6 +703,81 @@ class FakeGraph:
             return _error(404, "itemNotFound", "no fixture for this link")
         text = (FIXTURES / name).read_text(encoding="utf-8").replace(REAL_ORIGIN, self.base_url)
         return Response(text, status=200, content_type="application/json")
+
+    def _descendants(self, item_id: str) -> list[str]:
+        """Ids of the live items below ``item_id``, parents before children (sorted per level)."""
+        out, queue = [], [item_id]
+        while queue:
+            parent = queue.pop(0)
+            kids = sorted(i for i, item in self.items.items() if (item.get("parentReference") or {}).get("id") == parent)
+            out.extend(kids)
+            queue.extend(k for k in kids if "folder" in self.items[k])
+        return out
+
+    # ---- permissions and groups ----------------------------------------------------------------
+
+    def _page_of(self, values: list[dict[str, Any]], request: Request, query: dict[str, str], limit: int,
+                 context: str) -> Response:
+        """One server-driven page of ``values`` from ``$skiptoken`` (an opaque offset) on."""
+        try:
+            offset = int(base64.urlsafe_b64decode(query["$skiptoken"].encode()).decode()) if "$skiptoken" in query else 0
+        except ValueError:
+            return _error(400, "invalidRequest", "Invalid $skiptoken")
+        body: dict[str, Any] = {"@odata.context": f"{self.base_url}/v1.0/$metadata#{context}",
+                                "value": values[offset:offset + limit]}
+        if offset + limit < len(values):
+            rest = {k: v for k, v in query.items() if k != "$skiptoken"}
+            rest["$skiptoken"] = base64.urlsafe_b64encode(str(offset + limit).encode()).decode()
+            body["@odata.nextLink"] = f"{self.base_url}{request.path}?{urllib.parse.urlencode(rest)}"
+        return _json(body)
+
+    def _permissions(self, item_id: str, request: Request, query: dict[str, str]) -> Response:
+        if item_id not in self.items:
+            return _error(404, "itemNotFound", "The resource could not be found.")
+        if item_id in self.denied_permissions:
+            return _error(403, "accessDenied", "Access denied. You do not have permission to perform this action "
+                                               "or access this resource.")
+        if "$skiptoken" not in query:
+            self.permission_reads.append(item_id)
+        values = self.effective_permissions(item_id)
+        if not self.report_inherited_from:
+            values = [{k: v for k, v in p.items() if k != "inheritedFrom"} for p in values]
+        values = [_apply_select(p, query.get("$select")) for p in values]
+        return self._page_of(values, request, query, self.permissions_page_limit,
+                             f"drives('{self.drive_id}')/items('{item_id}')/permissions")
+
+    def _directory_object(self, object_id: str) -> dict[str, Any]:
+        if object_id in self.users:
+            return {"@odata.type": "#microsoft.graph.user", **self.users[object_id]}
+        if object_id in self.groups:
+            g = self.groups[object_id]
+            return {"@odata.type": "#microsoft.graph.group", "id": object_id, "displayName": g["displayName"],
+                    "mail": g["mail"], "mailEnabled": bool(g["mail"]), "securityEnabled": True}
+        return {"@odata.type": "#microsoft.graph.device", **self.devices[object_id]}
+
+    def _transitive_members(self, group_id: str, request: Request, query: dict[str, str]) -> Response:
+        if group_id not in self.groups:
+            return _error(404, "Request_ResourceNotFound", f"Resource '{group_id}' does not exist or one of its "
+                                                          "queried reference-property objects are not present.")
+        if group_id in self.denied_groups:
+            return _error(403, "Authorization_RequestDenied", "Insufficient privileges to complete the operation.")
+        try:
+            top = int(query.get("$top", "100"))
+        except ValueError:
+            return _error(400, "Request_BadRequest", "Invalid value for $top")
+        if not 1 <= top <= 999:
+            return _error(400, "Request_BadRequest", f"Invalid page size specified: '{top}'. Must be between 1 "
+                                                     "and 999 inclusive.")
+        if "$skiptoken" not in query:
+            self.member_reads.append(group_id)
+        select = query.get("$select")
+        values = []
+        for member in self.transitive_members(group_id):
+            obj = self._directory_object(member)
+            kept = _apply_select(obj, select)
+            kept["@odata.type"] = obj["@odata.type"]
+            values.append(kept)
+        return self._page_of(values, request, query, min(top, self.members_page_limit), "directoryObjects")
 
     # ---- items ---------------------------------------------------------------------------------
 
@@ -469,11 +832,12 @@ def _sig(item_id: str) -> str:
 
 
 def _apply_select(item: dict[str, Any], select: str | None) -> dict[str, Any]:
-    """Graph's ``$select``: only the named properties (and ``id``) survive."""
+    """Graph's ``$select``: only the named properties (and ``id``) survive; instance annotations
+    (``@odata.type``, ``@microsoft.graph.sharedChanged``) are not properties and stay."""
     if not select:
         return copy.deepcopy(item)
     wanted = {name.strip() for name in select.split(",")} | {"id"}
-    return {k: copy.deepcopy(v) for k, v in item.items() if k in wanted}
+    return {k: copy.deepcopy(v) for k, v in item.items() if k in wanted or k.startswith("@")}
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
