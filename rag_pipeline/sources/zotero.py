@@ -40,6 +40,33 @@ changes only ``metadata`` (``item_version`` in it), which the sync applies witho
 linked file edited on disk changes no Zotero version: the change feed does not see it, a full
 listing does.
 
+**Permissions.** The library is the unit: every document of a library has the same scope.
+
+* A user library (``users/<id>``) is readable by its owner, ``user:zotero:<id>``.
+* A group library (``groups/<id>``) by its members, the group principal
+  ``group:<self.name>:groups/<id>`` (``group_members`` expands it to ``user:zotero:<userID>`` of the
+  group's ``owner``, ``admins`` and ``members``, read from ``GET /groups/<id>``), plus ``everyone`` when
+  the group is public (``type`` ``PublicOpen`` or ``PublicClosed``) with ``libraryReading: all``. A
+  private group, or a public one whose library only members read, gives no ``everyone``.
+* The key's real scope is checked first (``GET /keys/current``, the key in the header, never in the
+  URL): its ``userID`` must be the user library's owner with ``access.user.library``, or for a group
+  ``access.groups["<id>"]`` (or ``"all"``) must grant ``library``. Without a key (a public library) or on
+  the local API (which has no keys) the check is a read of one key of the library
+  (``GET <library>/items/top?limit=1&format=keys``). The library's own answer is proof too: when one
+  of its requests (a listing page, the change probe's ``304``, a download) got 200/304 within
+  ``access_proof_s`` (default 120 s) before a permission read, that read uses it instead of a request,
+  once (the next read asks again), so a quiet content sync still costs one request for a user library.
+  The local API's ``users/0`` names no owner.
+* ``permissions(documents)`` does one library-level read (key check, and for a group ``/groups/<id>``)
+  and gives every document that scope; any failure (HTTP 403/404/5xx after retries, a transport error,
+  an answer of the wrong shape, a key that cannot read the library) makes every document
+  ``Scope.unreadable`` with the reason (fail closed). A document whose ``metadata.library`` names
+  another library is unreadable too. Reasons never contain the key or a response body (the
+  ``/keys/current`` body carries the key).
+* Not done: mapping a Zotero user id to an e-mail address (``user:zotero:436`` stays as it is; a query
+  must name that principal), and ``permission_changes`` (every permission sync reads the library's
+  scope: one or two requests).
+
 **HTTP.** Every request has a timeout (``timeout_s``). ``429``, ``500``, ``502``, ``503``, ``504`` and
 transport errors (timeouts, refused connections) are retried with tenacity up to ``max_attempts``
 times, waiting what ``Retry-After``/``Backoff`` ask for (or exponentially without them), each wait
@@ -56,7 +83,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -67,16 +94,21 @@ import httpx2
 import pyzotero
 import tenacity
 
-from rag_pipeline.sources.http import parse_retry_after
+from rag_pipeline.permissions.principals import EVERYONE
+from rag_pipeline.permissions.principals import group as group_principal
+from rag_pipeline.permissions.principals import user as user_principal
 from rag_pipeline.sources.base import (
     ChangeFeedUnavailable,
     ChangeSet,
     DocumentSkipped,
+    GroupMembers,
     Inventory,
     ListingIncompleteError,
+    Scope,
     SourceDocument,
     SourceError,
 )
+from rag_pipeline.sources.http import parse_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +131,9 @@ _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _YEAR_RE = re.compile(r"\b(\d{4})\b")
 _DOI_EXTRA_RE = re.compile(r"^\s*DOI:\s*(\S+)", re.IGNORECASE | re.MULTILINE)
 _WINDOWS_PATH_RE = re.compile(r"^(?:[A-Za-z]:[\\/]|\\\\|//)")
+PUBLIC_GROUP_TYPES = frozenset({"PublicOpen", "PublicClosed"})
+"""Group types whose library may be readable by anyone (with ``libraryReading: all``)."""
+
 
 
 # --------------------------------------------------------------------------------------------------
@@ -150,6 +185,10 @@ class _RetryingTransport(httpx2.BaseTransport):
         self._max_attempts = max_attempts
         self._max_wait_s = max_wait_s
         self._not_before = 0.0  # monotonic time before which no request is sent (Backoff on a 2xx)
+        self.library_path: str | None = None
+        """URL path prefix of the library's own requests (``/users/123/``), set by ``ZoteroSource``."""
+        self.library_ok_at: float | None = None
+        """Monotonic time of the last 200/304 answer to one of the library's own requests."""
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         request.extensions = {**request.extensions, "timeout": self._timeout}
@@ -179,6 +218,9 @@ class _RetryingTransport(httpx2.BaseTransport):
             raise _RetryableStatus(response.status_code, delay, request.url.path)
         if delay is not None:
             self._not_before = time.monotonic() + min(delay, self._max_wait_s)
+        if (self.library_path and response.status_code in (200, 304)
+                and request.url.path.startswith(self.library_path)):
+            self.library_ok_at = time.monotonic()
         for name in ("Backoff", "Retry-After"):  # honoured here; pyzotero would wait again, uncapped
             if name in response.headers:
                 del response.headers[name]
@@ -418,7 +460,9 @@ class ZoteroSource:
     recorded path prefix -> local directory. ``name``: defaults to ``"zotero:<library>"``.
     ``timeout_s``: per request (seconds). ``max_attempts``: tries per request (>= 1) for 429/5xx and
     transport errors. ``max_wait_s``: cap on each wait between tries (seconds). ``page_size``: items
-    per listing page (1-100).
+    per listing page (1-100). ``access_proof_s``: how recent (seconds) an answer to one of the library's
+    own requests must be to stand in for the key check of the next permission read (module docstring);
+    0 turns that off.
 
     Not safe for concurrent use from several threads without its internal lock: every API call holds
     it, so calls are serialised.
@@ -428,7 +472,7 @@ class ZoteroSource:
                  linked_files_root: str | os.PathLike[str] | None = None,
                  path_prefix_map: Mapping[str, str | os.PathLike[str]] | None = None,
                  name: str | None = None, timeout_s: float = 30.0, max_attempts: int = 5,
-                 max_wait_s: float = 60.0, page_size: int = _MAX_PAGE) -> None:
+                 max_wait_s: float = 60.0, page_size: int = _MAX_PAGE, access_proof_s: float = 120.0) -> None:
         match = _LIBRARY_RE.match((library or "").strip().strip("/"))
         if not match:
             raise ValueError(f"Zotero library must look like 'users/<id>' or 'groups/<id>', got {library!r}")
@@ -454,11 +498,15 @@ class ZoteroSource:
         self._lock = threading.RLock()
         transport = _RetryingTransport(httpx2.HTTPTransport(trust_env=not loopback), timeout_s=timeout_s,
                                        max_attempts=max_attempts, max_wait_s=max_wait_s)
+        transport.library_path = f"{parts.path.rstrip('/')}/{self.library}/"
+        self._transport = transport
+        self.access_proof_s = access_proof_s
         self._client = httpx2.Client(transport=transport, follow_redirects=True, timeout=timeout_s,
                                      trust_env=not loopback)
         self._zot = pyzotero.Zotero(self.library_id, self.library_type, api_key, client=self._client,
                                   local=self.local_api)
         self._zot.endpoint = self.api_url
+        self._has_key = bool(api_key)
 
     @classmethod
     def from_env(cls, library: str, *, name: str | None = None,
@@ -792,3 +840,148 @@ class ZoteroSource:
                 raise self._error(f"download of attachment {document.source_id}", exc) from exc
             # pyzotero parses JSON/XML bodies by content type; the raw bytes are on the response
             return body if isinstance(body, bytes) else self._zot.request.content
+
+    # ---------------------------------------------------------------- permissions
+
+    @property
+    def owner_principal(self) -> str | None:
+        """``user:zotero:<id>`` of a user library's owner; ``None`` for a group library."""
+        return user_principal(f"zotero:{self.library_id}") if self.library_type == "user" else None
+
+    @property
+    def group_principal(self) -> str | None:
+        """``group:<self.name>:groups/<id>`` of a group library; ``None`` for a user library."""
+        return group_principal(self.name, self.library) if self.library_type == "group" else None
+
+    def _get_json(self, path: str, what: str, params: Mapping[str, str] | None = None) -> Any:
+        """``GET <api>/<path>`` through the retrying client, the key in the header; the parsed JSON.
+
+        Raises ``SourceError`` whose message names ``what`` and the status (never the key or the body)."""
+        try:
+            response = self._client.get(f"{self.api_url}/{path}", params=dict(params or {}),
+                                        headers=self._zot.default_headers())
+        except (httpx2.HTTPError, _RetryableStatus) as exc:
+            detail = str(exc) if isinstance(exc, _RetryableStatus) else exc.__class__.__name__
+            raise SourceError(f"{what} failed: {detail}") from None
+        if response.status_code != 200:
+            meaning = {403: " (the API key was refused or cannot read it)", 404: " (not found)"}
+            raise SourceError(f"{what} answered HTTP {response.status_code}{meaning.get(response.status_code, '')}",
+                              transient=response.status_code not in (403, 404))
+        if (params or {}).get("format") == "keys":
+            return response.text
+        try:
+            return response.json()
+        except ValueError:
+            raise SourceError(f"{what} answered something that is not JSON") from None
+
+    def _access_problem(self) -> str | None:
+        """Why this source's key (or, without one, this client) cannot read the library; ``None`` if it can.
+        A 200/304 from the library's own requests within ``access_proof_s`` answers it without a request,
+        once (module docstring)."""
+        proof, self._transport.library_ok_at = self._transport.library_ok_at, None
+        if proof is not None and self.access_proof_s > 0 and time.monotonic() - proof <= self.access_proof_s:
+            return None
+        if not self._has_key or self.local_api:
+            self._get_json(f"{self.library}/items/top", f"reading {self.library}",
+                           {"limit": "1", "format": "keys"})
+            return None
+        key = self._get_json("keys/current", "the API key check (GET /keys/current)")
+        if not isinstance(key, Mapping):
+            return "the API key check (GET /keys/current) answered no JSON object"
+        access = key.get("access") if isinstance(key.get("access"), Mapping) else {}
+        if self.library_type == "user":
+            if str(key.get("userID")) != self.library_id:
+                return (f"the API key belongs to Zotero user {key.get('userID')!s:.20}, not to the owner of "
+                        f"{self.library}")
+            user_access = access.get("user") if isinstance(access.get("user"), Mapping) else {}
+            if user_access.get("library") is not True:
+                return f"the API key has no read access to {self.library} (access.user.library is not granted)"
+            return None
+        groups = access.get("groups") if isinstance(access.get("groups"), Mapping) else {}
+        entry = groups.get(self.library_id)
+        entry = entry if isinstance(entry, Mapping) else groups.get("all")
+        if not (isinstance(entry, Mapping) and entry.get("library") is True):
+            return (f"the API key has no read access to {self.library} (neither access.groups[{self.library_id}] "
+                    "nor access.groups.all grants library)")
+        return None
+
+    def _group_data(self) -> Mapping[str, Any]:
+        """``data`` of ``GET /groups/<id>``, checked: it names this group and has its owner and type.
+        Raises ``SourceError``."""
+        what = f"reading group {self.library_id} (GET /groups/{self.library_id})"
+        body = self._get_json(f"groups/{self.library_id}", what)
+        data = body.get("data") if isinstance(body, Mapping) else None
+        if not isinstance(data, Mapping):
+            raise SourceError(f"{what} answered no 'data' object")
+        if str(data.get("id", body.get("id"))) != self.library_id:
+            raise SourceError(f"{what} answered another group ({str(data.get('id'))[:20]})")
+        if not isinstance(data.get("type"), str) or not isinstance(data.get("owner"), int):
+            raise SourceError(f"{what} answered a group without 'type' or 'owner'")
+        return data
+
+    def library_scope(self) -> Scope:
+        """Who may read this library's documents (see the module docstring); ``Scope.unreadable`` with
+        the reason when that cannot be read. One key check, plus ``/groups/<id>`` for a group."""
+        if self.local_api and self.library_type == "user" and self.library_id == "0":
+            return Scope.unreadable(f"Zotero {self.library} on the local API does not say which Zotero user owns "
+                                    "the library: configure users/<your userID>")
+        with self._lock:
+            try:
+                problem = self._access_problem()
+                if problem is None and self.library_type == "group":
+                    data = self._group_data()
+            except SourceError as exc:
+                problem = str(exc)
+        if problem is not None:
+            log.warning("Zotero %s: permissions unreadable: %s", self.name, problem)
+            return Scope.unreadable(f"Zotero {self.library}: {problem}")
+        if self.library_type == "user":
+            return Scope.of({self.owner_principal})
+        principals = {self.group_principal}
+        if data.get("type") in PUBLIC_GROUP_TYPES and data.get("libraryReading") == "all":
+            principals.add(EVERYONE)
+        return Scope.of(principals)
+
+    def permissions(self, documents: Sequence[SourceDocument]) -> dict[str, Scope]:
+        """``{source_id: Scope}``: the library's scope (``library_scope``) for every document, or every
+        document unreadable with the reason when it cannot be read; a document whose ``metadata.library``
+        names another library is unreadable. Never raises; no request when ``documents`` is empty."""
+        documents = list(documents)
+        if not documents:
+            return {}
+        scope = self.library_scope()
+        result: dict[str, Scope] = {}
+        for document in documents:
+            library = (document.metadata or {}).get("library")
+            if library is not None and library != self.library:
+                result[document.source_id] = Scope.unreadable(
+                    f"the document belongs to Zotero library {str(library)[:40]}, not to {self.library}")
+            else:
+                result[document.source_id] = scope
+        return result
+
+    def group_members(self, groups: Collection[str]) -> GroupMembers:
+        """Members of the group principals asked for: this group library's own principal expands to
+        ``user:zotero:<id>`` of its owner, admins and members (``GET /groups/<id>``); a failed read puts it
+        in ``errors`` with the reason; any other group (this source issues no other) is in ``errors``.
+        Never raises."""
+        members: dict[str, frozenset[str]] = {}
+        errors: dict[str, str] = {}
+        own = self.group_principal
+        for group in groups:
+            if group != own:
+                errors[group] = f"not a group issued by Zotero source {self.name}"
+        if own is None or own not in groups:
+            return GroupMembers(members=members, errors=errors)
+        try:
+            with self._lock:
+                data = self._group_data()
+            ids = [data["owner"], *(data.get("admins") or []), *(data.get("members") or [])]
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise SourceError("the group's owner/admins/members are not all user ids")
+            members[own] = frozenset(user_principal(f"zotero:{i}") for i in ids)
+        except (SourceError, TypeError) as exc:
+            log.warning("Zotero %s: group members unreadable: %s", self.name, exc)
+            errors[own] = f"Zotero {self.library}: {exc}"
+        return GroupMembers(members=members, errors=errors)
+

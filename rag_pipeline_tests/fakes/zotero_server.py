@@ -22,7 +22,26 @@ every write raises, and a delete log. Tests change it between "days" with ``add_
   the documented shape ``{"collections":[],"searches":[],"items":[keys],"tags":[],"settings":[]}``
   with ``Last-Modified-Version``. Erasing a parent logs its child items too, as Zotero does.
 * Authentication: with ``api_key`` set, ``Zotero-API-Key: <key>`` or ``Authorization: Bearer <key>``
-  is required (else ``403 Forbidden``). ``Zotero-API-Version`` is recorded.
+  is required (else ``403 Forbidden``; a key revoked with ``revoke_key()`` gets ``403 Invalid key``).
+  ``Zotero-API-Version`` is recorded.
+* Key scope, as the dataserver checks it (``Zotero_Permissions::canAccess``): ``GET /keys/current``
+  answers the key's JSON (``key``, ``userID``, ``username``, ``displayName``, ``access`` with ``user``
+  ``{library, files, notes, write}`` and ``groups`` ``{"<id>"|"all": {library, write}}``; an empty part
+  is left out, as the dataserver does); ``403`` without a key; ``GET /keys/<key>`` answers the same for
+  the configured key and ``404 Key not found`` otherwise. The library's own requests need that scope:
+  a user library is readable with ``access.user.library`` by a key of its owner (or by anyone when
+  the server has no ``api_key``: a public library); a group library by a key with
+  ``access.groups["<id>"|"all"].library`` whose user is in the group, or by anyone when the group is
+  public (``PublicOpen``/``PublicClosed``) with ``libraryReading: all``; else ``403 Forbidden``.
+  ``set_key_access(access)`` and ``revoke_key()`` change the key between days.
+* Groups (``server.groups``, ``FakeZoteroGroup``): ``GET /groups/{id}`` answers the group as
+  ``../shared/fixtures/zotero/groups_doc.json`` shows it (``id``, ``version``, ``links``, ``meta``,
+  ``data`` with ``owner``, ``admins``/``members`` user ids (left out when empty), ``type``,
+  ``libraryReading``, ...) and ``Last-Modified-Version: <group version>``; ``404 Group not found``;
+  ``403 Forbidden`` to a client that may not read the group's library (the same check as above).
+  ``add_member``, ``remove_member`` and ``set_type`` change a group (each raises its version). A group
+  library's server gets, unless given one, the fixture group under the library's id made
+  ``PublicOpen`` with ``libraryReading: all`` (SYNTHETIC: so an anonymous client reads it).
 * Faults (``server.faults``, changeable between requests): ``rate_limit(n, ...)`` answers the next
   ``n`` API requests with 429 + ``Retry-After`` (or 503 + ``Backoff`` + ``Retry-After``);
   ``fail_page`` makes listing pages from that page number on fail with a status; ``empty_listings``
@@ -237,6 +256,125 @@ class FakeZoteroLibrary:
         return item
 
 
+GROUP_TYPES = ("Private", "PublicClosed", "PublicOpen")
+"""The group types the dataserver accepts (``Zotero_Group::__set``)."""
+
+
+@dataclass
+class FakeZoteroGroup:
+    """One Zotero group as the dataserver keeps it: ``owner`` (a user id), ``admins`` and ``members``
+    (user ids, each role once), ``type`` (``GROUP_TYPES``), ``library_reading`` (``members`` | ``all``),
+    ``library_editing``/``file_editing`` (``admins`` | ``members`` | ``none``) and a ``version`` that
+    every change raises."""
+
+    id: int
+    name: str
+    owner: int
+    admins: list[int] = field(default_factory=list)
+    members: list[int] = field(default_factory=list)
+    type: str = "Private"
+    library_reading: str = "members"
+    library_editing: str = "admins"
+    file_editing: str = "admins"
+    description: str = ""
+    url: str = ""
+    version: int = 0
+    created: str = "2013-05-22T11:22:46Z"
+    last_modified: str = "2013-05-22T11:26:50Z"
+
+    @property
+    def public(self) -> bool:
+        """``PublicOpen`` or ``PublicClosed`` (``Zotero_Group::isPublic``)."""
+        return self.type in ("PublicOpen", "PublicClosed")
+
+    @property
+    def readable_by_anyone(self) -> bool:
+        """A public group whose library anyone may read (``libraryReading: all``)."""
+        return self.public and self.library_reading == "all"
+
+    def users(self) -> set[int]:
+        """Every user in the group: owner, admins and members."""
+        return {self.owner, *self.admins, *self.members}
+
+    def _bump(self) -> None:
+        self.version += 1
+        self.last_modified = _now_iso(10_000 + self.version)
+
+    def add_member(self, user_id: int, role: str = "member") -> None:
+        """Add ``user_id`` as ``member`` or ``admin`` (``ValueError`` for another role or a user already in it)."""
+        if role not in ("member", "admin"):
+            raise ValueError(f"Invalid role '{role}'")
+        if user_id in self.users():
+            raise ValueError(f"user {user_id} is already in group {self.id}")
+        (self.admins if role == "admin" else self.members).append(user_id)
+        self._bump()
+
+    def remove_member(self, user_id: int) -> None:
+        """Remove ``user_id`` (``ValueError`` for the owner or a user not in the group, as the dataserver)."""
+        if user_id == self.owner:
+            raise ValueError(f"Cannot delete owner of group {self.id}")
+        if user_id not in self.users():
+            raise ValueError(f"User {user_id} is not a member of group {self.id}")
+        self.admins = [u for u in self.admins if u != user_id]
+        self.members = [u for u in self.members if u != user_id]
+        self._bump()
+
+    def set_type(self, type_: str, *, library_reading: str | None = None) -> None:
+        """Change the group's type (and ``libraryReading``): ``Private`` forces ``members`` reading,
+        ``PublicOpen`` forces ``fileEditing: none``, as the group settings page does."""
+        if type_ not in GROUP_TYPES:
+            raise ValueError(f"Invalid group type '{type_}'")
+        self.type = type_
+        if library_reading is not None:
+            if library_reading not in ("members", "all"):
+                raise ValueError(f"Invalid libraryReading value '{library_reading}'")
+            self.library_reading = library_reading
+        if type_ == "Private":
+            self.library_reading = "members"
+        if type_ == "PublicOpen":
+            self.file_editing = "none"
+        self._bump()
+
+    def render(self, base_url: str) -> dict[str, Any]:
+        """The group as ``GET /groups/<id>`` sends it (``Zotero_Group::toResponseJSON``)."""
+        data: dict[str, Any] = {"id": self.id, "version": self.version, "name": self.name, "owner": self.owner,
+                                "type": self.type, "description": self.description, "url": self.url,
+                                "libraryEditing": self.library_editing, "libraryReading": self.library_reading,
+                                "fileEditing": self.file_editing}
+        if self.admins:
+            data["admins"] = list(self.admins)
+        if self.members:
+            data["members"] = list(self.members)
+        return {
+            "id": self.id, "version": self.version,
+            "links": {"self": {"href": f"{base_url}/groups/{self.id}", "type": "application/json"},
+                      "alternate": {"href": f"https://www.zotero.org/groups/{self.id}", "type": "text/html"}},
+            "meta": {"created": self.created, "lastModified": self.last_modified, "numItems": 0},
+            "data": data,
+        }
+
+
+def group_from_fixture(fixtures: Path = FIXTURES, *, group_id: int | None = None, **changes: Any) -> FakeZoteroGroup:
+    """The group of ``groups_doc.json`` (smart_cities: owner 436, members 1177919 and 1408658, Private),
+    under ``group_id`` if given, with ``changes`` (``FakeZoteroGroup`` fields) applied."""
+    data = json.loads((fixtures / "groups_doc.json").read_text())[0]["data"]
+    group = FakeZoteroGroup(
+        id=group_id if group_id is not None else int(data["id"]), name=data["name"], owner=int(data["owner"]),
+        admins=[int(u) for u in data.get("admins", [])], members=[int(u) for u in data.get("members", [])],
+        type=data["type"], library_reading=data["libraryReading"], library_editing=data["libraryEditing"],
+        file_editing=data["fileEditing"], description=data.get("description", ""), url=data.get("url", ""),
+        version=int(data.get("version", 0)))
+    for name, value in changes.items():
+        setattr(group, name, value)
+    return group
+
+
+def full_key_access() -> dict[str, Any]:
+    """A key's ``access`` with everything granted: its user's library and all groups."""
+    return {"user": {"library": True, "files": True, "notes": True, "write": True},
+            "groups": {"all": {"library": True, "write": True}}}
+
+
 @dataclass
 class Faults:
     """Misbehaviour to inject (see module docstring). Change between requests; ``clear()`` resets."""
@@ -281,9 +419,23 @@ class FakeZoteroServer:
     """Serves a ``FakeZoteroLibrary`` on ``http://127.0.0.1:<port>`` (see module docstring).
     Use as a context manager, or ``start()``/``stop()``."""
 
-    def __init__(self, library: FakeZoteroLibrary, *, api_key: str | None = None) -> None:
+    def __init__(self, library: FakeZoteroLibrary, *, api_key: str | None = None,
+                 groups: Iterable[FakeZoteroGroup] = (), key_user_id: int | None = None,
+                 key_access: dict[str, Any] | None = None) -> None:
         self.library = library
         self.api_key = api_key
+        self.groups: dict[int, FakeZoteroGroup] = {g.id: g for g in groups}
+        if library.library_type == "group" and library.library_id not in self.groups:
+            self.groups[library.library_id] = group_from_fixture(
+                group_id=library.library_id, type="PublicOpen", library_reading="all", file_editing="none")
+        if key_user_id is None:
+            key_user_id = (self.groups[library.library_id].owner if library.library_type == "group"
+                           else library.library_id)
+        self.key_user_id = key_user_id
+        """The Zotero user the API key belongs to (``userID`` of ``/keys/current``)."""
+        self.key_access: dict[str, Any] = full_key_access() if key_access is None else key_access
+        """The key's ``access`` as ``/keys/current`` answers it."""
+        self.key_revoked = False
         self.faults = Faults()
         self.requests: list[RecordedRequest] = []
         self._server = make_server("127.0.0.1", 0, self._wsgi, threaded=True)
@@ -311,6 +463,20 @@ class FakeZoteroServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def set_key_access(self, access: dict[str, Any]) -> None:
+        """Replace the key's ``access`` (e.g. ``{"user": {"library": False}}`` revokes the user library)."""
+        self.key_access = access
+
+    def revoke_key(self) -> None:
+        """Delete the key: every request that presents it is answered ``403 Invalid key``."""
+        self.key_revoked = True
+
+    def key_json(self) -> dict[str, Any]:
+        """The key as ``GET /keys/current`` answers it (``Zotero_Key::toJSON``: empty parts left out)."""
+        access = {part: value for part, value in self.key_access.items() if value}
+        return {"key": self.api_key, "userID": self.key_user_id, "username": f"user{self.key_user_id}",
+                "displayName": "", **({"access": access} if access else {})}
+
     def api_requests(self, path_suffix: str = "") -> list[RecordedRequest]:
         """Recorded API requests (storage downloads excluded) whose path ends with ``path_suffix``."""
         return [r for r in self.requests if not r.path.startswith("/_storage/") and r.path.endswith(path_suffix)]
@@ -329,8 +495,36 @@ class FakeZoteroServer:
     def _authenticated(self, request: Request) -> bool:
         if self.api_key is None:
             return True
-        return (request.headers.get("Zotero-API-Key") == self.api_key
-                or request.headers.get("Authorization") == f"Bearer {self.api_key}")
+        return self._presented_key(request) == self.api_key and not self.key_revoked
+
+    @staticmethod
+    def _presented_key(request: Request) -> str | None:
+        key = request.headers.get("Zotero-API-Key")
+        auth = request.headers.get("Authorization") or ""
+        if not key and auth.lower().startswith("bearer "):
+            key = auth[7:].strip()
+        return key or None
+
+    def _has_key(self, request: Request) -> bool:
+        """The request presents the configured (valid) key."""
+        return self.api_key is not None and self._authenticated(request)
+
+    def _can_read(self, request: Request, library_type: str, library_id: int) -> bool:
+        """``Zotero_Permissions::canAccess(library)`` for this request (see the module docstring)."""
+        keyed = self._has_key(request)
+        access = self.key_access if keyed else {}
+        if library_type == "users":
+            if self.api_key is None:
+                return True  # no key configured: a public library
+            return keyed and self.key_user_id == library_id and bool((access.get("user") or {}).get("library"))
+        group = self.groups.get(library_id)
+        if group is None:
+            return False
+        if group.readable_by_anyone:
+            return True
+        groups = access.get("groups") or {}
+        granted = bool((groups.get(str(library_id)) or {}).get("library") or (groups.get("all") or {}).get("library"))
+        return keyed and granted and self.key_user_id in group.users()
 
     def _dispatch(self, request: Request) -> Response:
         faults = self.faults
@@ -345,14 +539,24 @@ class FakeZoteroServer:
                 headers["Backoff"] = faults.retry_after
             return Response("Rate limit exceeded" if faults.rate_limit_status == 429 else "Service unavailable",
                             status=faults.rate_limit_status, headers=headers, content_type="text/plain")
+        if self.api_key is not None and self.key_revoked and self._presented_key(request) == self.api_key:
+            return Response("Invalid key", status=403, content_type="text/plain")
+        parts = request.path.strip("/").split("/")
+        if request.method == "GET" and parts[0] in ("keys", "groups") and len(parts) == 2 and (
+                self._presented_key(request) is None or self._authenticated(request)):
+            # answered to anonymous clients too (the dataserver's own checks, in _key and _group)
+            return self._key(request, parts[1]) if parts[0] == "keys" else self._group(request, parts[1])
         if not self._authenticated(request):
             return Response("Forbidden", status=403, content_type="text/plain")
         if request.method != "GET":
             return Response("Method not allowed", status=405, content_type="text/plain")
-        parts = request.path.strip("/").split("/")
         lib = self.library
         if len(parts) < 3 or f"{parts[0]}/{parts[1]}" != lib.prefix:
             return Response("Not found", status=404, content_type="text/plain")
+        if lib.library_type == "group" and lib.library_id not in self.groups:
+            return Response("Not found", status=404, content_type="text/plain")
+        if not self._can_read(request, parts[0], lib.library_id):
+            return Response("Forbidden", status=403, content_type="text/plain")
         since = request.args.get("since")
         if (since is not None and faults.reject_since_below is not None
                 and int(since) < faults.reject_since_below):
@@ -374,6 +578,23 @@ class FakeZoteroServer:
             if len(rest) == 3 and rest[0] == "items" and rest[2] == "file":
                 return self._file(request, rest[1])
         return Response("Not found", status=404, content_type="text/plain")
+
+    def _key(self, request: Request, which: str) -> Response:
+        if which == "current":
+            if not self._has_key(request):
+                return Response("Forbidden", status=403, content_type="text/plain")
+        elif self.api_key is None or which != self.api_key or self.key_revoked:
+            return Response("Key not found", status=404, content_type="text/plain")
+        return Response(json.dumps(self.key_json()), content_type="application/json", headers=self._headers())
+
+    def _group(self, request: Request, which: str) -> Response:
+        group = self.groups.get(int(which)) if which.isdigit() else None
+        if group is None:
+            return Response("Group not found", status=404, content_type="text/plain")
+        if not self._can_read(request, "groups", group.id):
+            return Response("Forbidden", status=403, content_type="text/plain")
+        return Response(json.dumps(group.render(self.url)), content_type="application/json",
+                        headers=self._headers(**{"Last-Modified-Version": str(group.version)}))
 
     def _headers(self, **extra: str) -> dict[str, str]:
         headers = {"Zotero-API-Version": "3", **extra}
