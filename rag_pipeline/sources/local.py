@@ -28,6 +28,46 @@ and is logged once per process at WARNING (``<link> -> (outside)``: the target i
 it looks like a file that was deleted, so a file indexed before it became such a link is removed by
 the reconciliation, under the deletion guard. Dangling and self-looping links are not listed.
 
+Permissions (``permissions(documents)``, ``group_members(groups)``). Each document is first checked as
+``fetch`` checks it (``check_id``, the include/exclude patterns, ``resolve_inside``: a symlink is never
+followed out of the root, a regular file only); a refused or unresolvable id is ``Scope.unreadable``
+with the reason. Then one of two mappings, chosen by ``acl_file`` (``RAG_LOCAL_ACL_FILE``):
+
+* POSIX (no ``acl_file``): from the resolved file's mode, only its *read* bits: owner ``r`` ->
+  ``user:<login name>`` (``pwd``), group ``r`` -> ``group:<group name>`` (``grp``), other ``r`` ->
+  ``everyone``; a bit that is off gives nothing. A uid or gid with no name in the system's databases
+  gives ``user:uid:<n>`` / ``group:gid:<n>`` (kept, so the scope still says who owns the file; a query
+  can name them). Reaching the file needs *search* (``x``) on every directory from the root (included)
+  down to the file's folder, so the scope is intersected with each directory's ``x`` classes mapped the
+  same way (a ``0750`` ``hr`` folder of group ``hr`` keeps a ``0644`` file inside it from ``everyone``:
+  what remains is ``group:hr`` and the file's principals that are in it). An intersection of two
+  different groups is written out as the users in both (from the group database at that time). An
+  allow-list cannot *exclude*: a ``0044`` file is read by its owner too, through ``everyone`` (the
+  owner may ``chmod`` it anyway). ``group_members``: ``group:<name>`` -> ``user:<login>`` of the
+  group's listed members plus every user whose primary gid it is; ``group:gid:<n>`` -> the users whose
+  primary gid is ``n``; a group unknown to the database is in ``errors``. Remote shares mounted
+  without POSIX ownership (CIFS ``uid=``/``file_mode=``) show one owner and mode for every file: use
+  an ACL file there.
+* ACL file (YAML or JSON, read again on every call, ``load_acl_file``) overrides POSIX entirely::
+
+      rules:            # the last rule whose glob matches a document's path wins
+        - path: "**"
+          principals: ["group:staff"]
+        - path: "hr/**"
+          principals: ["group:hr", "user:ada@example.com"]
+      groups:           # group principal -> members (users or groups; nesting allowed)
+        group:hr: ["user:bob@example.com", "group:hr-leads"]
+
+  Globs are matched against the *resolved* path relative to the root (a symlink gets the rules of
+  the file it points to), case-sensitively: ``*`` and ``?`` stay inside one path segment, ``[...]`` is
+  a character class, a ``**`` segment matches any number of segments (``hr/**``: everything under
+  ``hr``; ``**/*.pdf``: every PDF). A path no rule matches is readable by nobody (``Scope.unreadable``,
+  naming the file). An empty ``principals`` list is a readable scope of nobody. Principals are checked
+  with ``parse_principal``. ``group_members`` answers from ``groups`` only; a group not defined there is
+  in ``errors``. An ACL file that cannot be read or is invalid (YAML syntax, unknown keys, a rule
+  without ``path``/``principals``, a malformed glob, an invalid principal) makes every document
+  unreadable and every group an error, with the reason; it never raises.
+
 Errors. A directory that cannot be read part-way (or a root that is missing or not a directory)
 makes the whole listing fail with ``ListingIncompleteError``, never a short inventory: we do not
 know what is in a directory we cannot list, so the deletion guard must hold deletions back. A single
@@ -43,14 +83,29 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import grp
 import hashlib
 import logging
 import os
+import pwd
+import re
 import stat
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rag_pipeline.sources.base import ChangeFeedUnavailable, ChangeSet, Inventory, ListingIncompleteError, SourceDocument, SourceError
+from rag_pipeline.permissions.principals import EVERYONE, parse_principal
+from rag_pipeline.sources.base import (
+    ChangeFeedUnavailable,
+    ChangeSet,
+    GroupMembers,
+    Inventory,
+    ListingIncompleteError,
+    Scope,
+    SourceDocument,
+    SourceError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -170,25 +225,294 @@ def _open_inside(root: Path, real: Path, source_id: str) -> int:
     return fd
 
 
+ACL_FILE_ENV = "RAG_LOCAL_ACL_FILE"
+"""Environment variable ``LocalFolderSource.from_env`` reads: the path of the ACL file (module docstring)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Permissions: POSIX accounts
+# --------------------------------------------------------------------------------------------------
+
+
+def _user_principal(login: str) -> str:
+    return "user:" + (login.lower() if "@" in login else login)
+
+
+@dataclass(frozen=True)
+class _Accounts:
+    """One snapshot of the system's user and group databases (``pwd``/``grp``)."""
+
+    user_names: Mapping[int, str]
+    group_names: Mapping[int, str]
+    group_gids: Mapping[str, int]
+    listed: Mapping[int, frozenset[str]]  # gid -> user principals listed as its members
+    primary: Mapping[int, frozenset[str]]  # gid -> user principals whose primary group it is
+
+    @classmethod
+    def read(cls) -> _Accounts:
+        user_names: dict[int, str] = {}
+        primary: dict[int, set[str]] = {}
+        for entry in pwd.getpwall():
+            user_names.setdefault(entry.pw_uid, entry.pw_name)
+            primary.setdefault(entry.pw_gid, set()).add(_user_principal(entry.pw_name))
+        group_names: dict[int, str] = {}
+        group_gids: dict[str, int] = {}
+        listed: dict[int, set[str]] = {}
+        for entry in grp.getgrall():
+            group_names.setdefault(entry.gr_gid, entry.gr_name)
+            group_gids.setdefault(entry.gr_name, entry.gr_gid)
+            listed.setdefault(entry.gr_gid, set()).update(_user_principal(m) for m in entry.gr_mem if m)
+        return cls(user_names, group_names, group_gids, {g: frozenset(m) for g, m in listed.items()},
+                   {g: frozenset(m) for g, m in primary.items()})
+
+    def user(self, uid: int) -> str:
+        """``user:<login>`` of ``uid``, ``user:uid:<n>`` when it has no name."""
+        name = self.user_names.get(uid)
+        return _user_principal(name) if name else f"user:uid:{uid}"
+
+    def group(self, gid: int) -> str:
+        """``group:<name>`` of ``gid``, ``group:gid:<n>`` when it has no name."""
+        name = self.group_names.get(gid)
+        return f"group:{name}" if name else f"group:gid:{gid}"
+
+    def gid_of(self, group_principal: str) -> int | None:
+        """The gid a group principal this source issues names, or ``None`` (not such a principal)."""
+        if not group_principal.startswith("group:"):
+            return None
+        rest = group_principal[len("group:"):]
+        if rest.startswith("gid:") and rest[4:].isdigit():
+            return int(rest[4:])
+        if not rest or ":" in rest:
+            return None
+        return self.group_gids.get(rest)
+
+    def members(self, group_principal: str) -> frozenset[str] | None:
+        """User principals in the group (listed members and primary-gid users), ``None`` if unknown."""
+        gid = self.gid_of(group_principal)
+        if gid is None:
+            return None
+        return self.listed.get(gid, frozenset()) | self.primary.get(gid, frozenset())
+
+
+def _classes(st: os.stat_result, bits: tuple[int, int, int], accounts: _Accounts) -> frozenset[str]:
+    """The principals the (owner, group, other) ``bits`` of ``st`` grant."""
+    owner, group, other = bits
+    found = set()
+    if st.st_mode & owner:
+        found.add(accounts.user(st.st_uid))
+    if st.st_mode & group:
+        found.add(accounts.group(st.st_gid))
+    if st.st_mode & other:
+        found.add(EVERYONE)
+    return frozenset(found)
+
+
+def _intersect(a: frozenset[str], b: frozenset[str], accounts: _Accounts) -> frozenset[str]:
+    """Principals for the people in both ``a`` and ``b`` (each read as a union of principals)."""
+    if EVERYONE in b:
+        return a
+    if EVERYONE in a:
+        return b
+    out: set[str] = set()
+    for x in a:
+        for y in b:
+            if x == y:
+                out.add(x)
+            elif x.startswith("user:") and y.startswith("group:"):
+                if x in (accounts.members(y) or ()):
+                    out.add(x)
+            elif x.startswith("group:") and y.startswith("user:"):
+                if y in (accounts.members(x) or ()):
+                    out.add(y)
+            elif x.startswith("group:") and y.startswith("group:"):
+                out |= (accounts.members(x) or frozenset()) & (accounts.members(y) or frozenset())
+    return frozenset(out)
+
+
+_READ_BITS = (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH)
+_SEARCH_BITS = (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
+
+
+# --------------------------------------------------------------------------------------------------
+# Permissions: the ACL file
+# --------------------------------------------------------------------------------------------------
+
+
+class AclFileError(ValueError):
+    """The ACL file cannot be read or is invalid; the message says which file and what is wrong."""
+
+
+def _segment_regex(segment: str, pattern: str) -> str:
+    out, i = [], 0
+    while i < len(segment):
+        c = segment[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            end = segment.find("]", i + 2 if segment[i + 1:i + 2] in ("!", "]") else i + 1)
+            if end < 0:
+                raise AclFileError(f"glob {pattern!r}: unclosed '['")
+            body = segment[i + 1:end]
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            if body.startswith("^"):
+                body = "\\" + body  # a literal '^' in a glob class
+            out.append("(?:(?!/)[" + ("^" if negate else "") + body.replace("\\", "\\\\") + "])")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def compile_glob(pattern: str) -> re.Pattern[str]:
+    """A regex matching relative POSIX paths against ``pattern`` (module docstring: ACL globs).
+    Raises ``AclFileError`` for an empty pattern, a leading ``/``, an empty or ``..`` segment, ``**``
+    inside a segment or an unclosed ``[``."""
+    if not isinstance(pattern, str) or not pattern:
+        raise AclFileError("a rule's path must be a non-empty glob")
+    if pattern.startswith("/"):
+        raise AclFileError(f"glob {pattern!r}: paths are relative to the folder (no leading '/')")
+    segments = pattern.split("/")
+    out = []
+    for i, segment in enumerate(segments):
+        last = i == len(segments) - 1
+        if segment in ("", ".", ".."):
+            raise AclFileError(f"glob {pattern!r}: empty, '.' or '..' segment")
+        if segment == "**":
+            out.append(".+" if last else "(?:[^/]+/)*")
+        elif "**" in segment:
+            raise AclFileError(f"glob {pattern!r}: '**' must be a whole path segment")
+        else:
+            out.append(_segment_regex(segment, pattern) + ("" if last else "/"))
+    try:
+        return re.compile("".join(out) + r"\Z")
+    except re.error as err:
+        raise AclFileError(f"glob {pattern!r}: {err}") from None
+
+
+@dataclass(frozen=True)
+class AclRule:
+    """One rule: ``path`` (the glob as written), its compiled ``regex``, the normalised ``principals``."""
+
+    path: str
+    regex: re.Pattern[str]
+    principals: frozenset[str]
+
+
+@dataclass(frozen=True)
+class AclFile:
+    """A parsed ACL file: ``rules`` in file order (the last match wins), ``groups``: group -> members."""
+
+    source: Path
+    rules: tuple[AclRule, ...]
+    groups: Mapping[str, frozenset[str]]
+
+    def rule_for(self, rel: str) -> AclRule | None:
+        """The last rule whose glob matches ``rel`` (a relative POSIX path), or ``None``."""
+        for rule in reversed(self.rules):
+            if rule.regex.match(rel):
+                return rule
+        return None
+
+
+def _principals(values: object, where: str) -> frozenset[str]:
+    if not isinstance(values, list):
+        raise AclFileError(f"{where}: expected a list of principals")
+    found = set()
+    for value in values:
+        if not isinstance(value, str):
+            raise AclFileError(f"{where}: principal {value!r} is not a string")
+        try:
+            found.add(parse_principal(value))
+        except ValueError as err:
+            raise AclFileError(f"{where}: invalid principal {value[:80]!r}: {err}") from None
+    return frozenset(found)
+
+
+def load_acl_file(path: str | os.PathLike) -> AclFile:
+    """Read and check the ACL file at ``path`` (YAML, or JSON, which YAML reads too; shape in the module
+    docstring). Raises ``AclFileError`` naming the file and the problem."""
+    import yaml
+
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise AclFileError(f"cannot read ACL file {source}: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise AclFileError(f"ACL file {source} is not valid YAML/JSON{where}: "
+                           f"{getattr(err, 'problem', None) or err.__class__.__name__}") from None
+    try:
+        if not isinstance(data, dict):
+            raise AclFileError("expected a mapping with 'rules' (and optionally 'groups')")
+        unknown = sorted(str(k) for k in data if k not in ("rules", "groups"))
+        if unknown:
+            raise AclFileError(f"unknown top-level key(s) {', '.join(unknown)}: only 'rules' and 'groups'")
+        if not isinstance(data.get("rules"), list):
+            raise AclFileError("'rules' must be a list of {path, principals}")
+        rules = []
+        for n, rule in enumerate(data["rules"], 1):
+            if not isinstance(rule, dict) or set(rule) != {"path", "principals"}:
+                raise AclFileError(f"rule {n}: expected exactly the keys 'path' and 'principals'")
+            rules.append(AclRule(str(rule["path"]), compile_glob(rule["path"]),
+                                 _principals(rule["principals"], f"rule {n} ({rule['path']!r})")))
+        groups_data = data.get("groups") or {}
+        if not isinstance(groups_data, dict):
+            raise AclFileError("'groups' must map group principals to lists of members")
+        groups: dict[str, frozenset[str]] = {}
+        for name, members in groups_data.items():
+            try:
+                key = parse_principal(str(name))
+            except ValueError as err:
+                raise AclFileError(f"groups: invalid group {str(name)[:80]!r}: {err}") from None
+            if not key.startswith("group:"):
+                raise AclFileError(f"groups: {key!r} is not a group principal (group:<name>)")
+            groups[key] = groups.get(key, frozenset()) | _principals(members, f"groups[{key!r}]")
+    except AclFileError as err:
+        raise AclFileError(f"ACL file {source} is invalid: {err}") from None
+    return AclFile(source, tuple(rules), groups)
+
+
 class LocalFolderSource:
     """A folder as a source (see module docstring).
 
     ``root``: the folder. ``include``/``exclude``: glob patterns matched (``fnmatch``) against the
     relative POSIX path; ``*`` crosses directory levels, so ``*.pdf`` means every PDF at any depth.
     ``include`` empty = everything; ``exclude`` defaults to hidden and temporary files. ``name``
-    defaults to ``local:<absolute root>``.
+    defaults to ``local:<absolute root>``. ``acl_file``: an ACL file that replaces the POSIX mapping of
+    permissions (module docstring; ``RAG_LOCAL_ACL_FILE`` through ``from_env``), made absolute here and
+    read again on every permission read. Keep it outside the folder or hidden (``.acl.yaml``, excluded by
+    default), or it is indexed as a document.
     """
 
     verifiable = True
     """``list_documents`` accepts ``verify=``: a plain listing is stat-only, ``verify=True`` hashes."""
 
     def __init__(self, root: str | os.PathLike, *, include: list[str] | None = None,
-                 exclude: list[str] | None = None, name: str | None = None) -> None:
+                 exclude: list[str] | None = None, name: str | None = None,
+                 acl_file: str | os.PathLike | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
         self.include = list(include or [])
         self.exclude = list(DEFAULT_EXCLUDES if exclude is None else exclude)
         self.name = name or f"local:{self.root}"
+        self.acl_file = Path(acl_file).expanduser().absolute() if acl_file else None
         self._warned: set[str] = set()
+
+    @classmethod
+    def from_env(cls, root: str | os.PathLike, *, environ: Mapping[str, str] | None = None,
+                 **options) -> LocalFolderSource:
+        """Build from the environment: ``RAG_LOCAL_ACL_FILE`` (the ACL file; unset or empty: POSIX mapping).
+        ``environ`` defaults to ``os.environ``; ``options`` go to the constructor and win over it."""
+        env = os.environ if environ is None else environ
+        options.setdefault("acl_file", env.get(ACL_FILE_ENV) or None)
+        return cls(root, **options)
 
     def _selected(self, rel: str) -> bool:
         if self.include and not any(fnmatch.fnmatchcase(rel, p) for p in self.include):
@@ -419,3 +743,98 @@ class LocalFolderSource:
                 return fh.read()
         except OSError as err:
             raise SourceError(f"cannot read {sid}: {err.strerror or err}") from err
+
+    # ---------------------------------------------------------------- permissions
+
+    def _contained(self, source_id: str) -> tuple[Path | None, str | None]:
+        """``(resolved regular file, None)`` for an id ``fetch`` would read, else ``(None, reason)``."""
+        try:
+            check_id(source_id)
+            if not self._selected(source_id):
+                raise IdRefused(source_id, "excluded by the source's include/exclude patterns")
+            real = resolve_inside(self.root, source_id)
+            if not stat.S_ISREG(os.stat(real).st_mode):
+                raise IdRefused(source_id, "not a regular file")
+        except IdRefused as refused:
+            return None, f"permissions not read: {refused}"
+        except OSError as err:
+            return None, f"permissions not read: cannot resolve {source_id!r}: {err.strerror or err}"
+        return real, None
+
+    def _posix_scope(self, real: Path, accounts: _Accounts, dirs: dict[Path, frozenset[str]]) -> Scope:
+        scope = _classes(os.stat(real), _READ_BITS, accounts)
+        folder = real.parent
+        chain = [folder, *[p for p in folder.parents if p == self.root or p.is_relative_to(self.root)]]
+        for directory in chain:
+            if directory not in dirs:
+                dirs[directory] = _classes(os.stat(directory), _SEARCH_BITS, accounts)
+            scope = _intersect(scope, dirs[directory], accounts)
+        return Scope.of(scope)
+
+    def permissions(self, documents: Sequence[SourceDocument]) -> dict[str, Scope]:
+        """``{source_id: Scope}`` for ``documents`` (module docstring: Permissions): the POSIX mapping, or
+        the ACL file's rules when ``acl_file`` is set. Never raises: a refused id, a file that cannot be
+        resolved or ``stat``-ed, a path no rule matches and an invalid ACL file give ``Scope.unreadable``
+        with the reason."""
+        documents = list(documents)
+        if not documents:
+            return {}
+        acl: AclFile | None = None
+        accounts: _Accounts | None = None
+        if self.acl_file is not None:
+            try:
+                acl = load_acl_file(self.acl_file)
+            except AclFileError as err:
+                log.warning("%s: %s: every document unreadable", self.name, err)
+                return {d.source_id: Scope.unreadable(str(err)) for d in documents}
+        else:
+            accounts = _Accounts.read()
+        dirs: dict[Path, frozenset[str]] = {}
+        result: dict[str, Scope] = {}
+        for document in documents:
+            sid = document.source_id
+            real, reason = self._contained(sid)
+            if real is None:
+                result[sid] = Scope.unreadable(reason or "refused")
+                continue
+            rel = real.relative_to(self.root).as_posix()
+            if acl is not None:
+                rule = acl.rule_for(rel)
+                result[sid] = (Scope.of(rule.principals) if rule is not None else Scope.unreadable(
+                    f"no rule of ACL file {acl.source} matches {rel!r}: readable by nobody"))
+                continue
+            try:
+                result[sid] = self._posix_scope(real, accounts, dirs)
+            except OSError as err:
+                result[sid] = Scope.unreadable(f"permissions not read: cannot stat {rel!r}: {err.strerror or err}")
+        return result
+
+    def group_members(self, groups: Collection[str]) -> GroupMembers:
+        """Members of ``groups``: from the ACL file's ``groups`` when ``acl_file`` is set, else from the
+        system's group database (module docstring). A group that is not known there, or every group when
+        the ACL file is invalid, is in ``errors`` with the reason. Never raises."""
+        members: dict[str, frozenset[str]] = {}
+        errors: dict[str, str] = {}
+        if self.acl_file is not None:
+            try:
+                acl = load_acl_file(self.acl_file)
+            except AclFileError as err:
+                return GroupMembers(errors={g: str(err) for g in groups})
+            for group in groups:
+                if group in acl.groups:
+                    members[group] = acl.groups[group]
+                else:
+                    errors[group] = f"{group} is not defined under 'groups' in ACL file {acl.source}"
+            return GroupMembers(members=members, errors=errors)
+        accounts = _Accounts.read()
+        for group in groups:
+            found = accounts.members(group)
+            rest = group[len("group:"):] if group.startswith("group:") else ""
+            if found is None and (not rest or (":" in rest and not rest.startswith("gid:"))):
+                errors[group] = f"{group}: not a group principal of local source {self.name} (group:<name>)"
+            elif found is None:
+                errors[group] = f"{group}: no such group in the system's group database"
+            else:
+                members[group] = found
+        return GroupMembers(members=members, errors=errors)
+
