@@ -67,18 +67,25 @@ def test_defs_per_source(tmp_path):
         {"name": "papers", "kind": "zotero", "library": "users/1"}])})
     assets, checks, sensors, schedules, jobs = _inventory(build_definitions(specs))
     assert assets == {"document_markdown", "document_chunks", "document_embeddings", "dead_letter_report",
-                      "docs/source_inventory", "docs/purge_deleted_documents",
-                      "papers/source_inventory", "papers/purge_deleted_documents"}
-    assert checks == DOCUMENT_CHECKS | {"docs/source_inventory:deletion_guard", "papers/source_inventory:deletion_guard"}
-    assert sensors == {"document_failure_sensor", "docs_source_diff_sensor", "papers_source_diff_sensor"}
+                      "docs/source_inventory", "docs/purge_deleted_documents", "docs/source_permissions",
+                      "papers/source_inventory", "papers/purge_deleted_documents", "papers/source_permissions"}
+    assert checks == DOCUMENT_CHECKS | {"docs/source_inventory:deletion_guard", "papers/source_inventory:deletion_guard",
+                                        "docs/source_permissions:permissions_readable",
+                                        "papers/source_permissions:permissions_readable"}
+    assert sensors == {"document_failure_sensor", "docs_source_diff_sensor", "papers_source_diff_sensor",
+                       "docs_permission_sensor", "papers_permission_sensor"}
     assert schedules == {"index_checks_hourly", "dead_letter_report_daily", "docs_daily_reconciliation",
                          "papers_daily_reconciliation"}
     assert jobs == {"ingest_documents", "index_checks", "retry_failed_documents", "dead_letter_report_job",
-                    "docs_inventory", "docs_reconcile", "papers_inventory", "papers_reconcile"}
+                    "docs_inventory", "docs_reconcile", "papers_inventory", "papers_reconcile",
+                    "docs_permission_sync", "papers_permission_sync"}
     repo = build_definitions(specs).get_repository_def()
     sensor = repo.get_sensor_def("docs_source_diff_sensor")
     assert sensor.minimum_interval_seconds == 5
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    permission_sensor = repo.get_sensor_def("docs_permission_sensor")  # permission_interval_s default: 300
+    assert permission_sensor.minimum_interval_seconds == 300
+    assert permission_sensor.default_status == dg.DefaultSensorStatus.RUNNING
     # the deletion guard blocks the purge; the per-document check blocks nothing downstream but fails the run
     guard = repo.asset_graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey(["docs", "source_inventory"]), "deletion_guard"))
     assert guard.blocking

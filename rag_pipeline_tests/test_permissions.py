@@ -323,3 +323,21 @@ def test_a_large_k_stays_within_pgvectors_ef_search_bound(tmp_path, store, embed
     assert sync_source(src, store, embedder, settings).ok
     assert len(query(store, embedder, "payroll", k=400, admin=True)) == len(TEXTS)  # 4 * 400 > 1000
     assert len(query(store, embedder, "payroll", k=400, principals=["ada@example.com"])) == len(TEXTS)
+
+
+def test_build_source_wires_the_acl_file_and_the_held_documents_policy(tmp_path, monkeypatch):
+    from rag_pipeline.permissions.visibility import held_policy
+    from rag_pipeline.sources import build_source
+
+    folder = _folder(tmp_path, ["handbook.md"])
+    acl = tmp_path / "acl.yaml"
+    acl.write_text('rules:\n  - path: "**"\n    principals: ["group:staff"]\ngroups:\n  group:staff: ["user:ada"]\n')
+    monkeypatch.delenv("RAG_LOCAL_ACL_FILE", raising=False)
+    src = build_source("local", path=str(folder), acl_file=str(acl), held_documents="keep")
+    (doc,) = src.list_documents().documents
+    assert src.permissions([doc])["handbook.md"] == Scope.of({"group:staff"}) and held_policy(src) == "keep"
+    monkeypatch.setenv("RAG_LOCAL_ACL_FILE", str(acl))  # the environment variable does the same
+    assert build_source("local", path=str(folder)).permissions([doc])["handbook.md"] == Scope.of({"group:staff"})
+    assert held_policy(build_source("local", path=str(folder))) == "hide"  # the default for a source with permissions
+    with pytest.raises(ValueError, match="held_documents"):
+        build_source("local", path=str(folder), held_documents="show")

@@ -74,7 +74,9 @@ class SourceResource(dg.ConfigurableResource):
     """One configured source. ``kind``: local | zotero | gdrive | sharepoint.
     local: ``path`` (+ ``include``/``exclude`` globs, comma separated). zotero: ``library``
     (``users/<id>`` or ``groups/<id>``). gdrive: ``folder`` or ``shared_drive``. sharepoint: ``drive``
-    (+ ``path``). Credentials come from the environment variables each connector documents."""
+    (+ ``path``). Credentials come from the environment variables each connector documents.
+    ``acl_file`` (local): an explicit permission mapping instead of POSIX. ``held_documents``: ``hide``
+    (default) or ``keep``: what queries see of documents the deletion guard holds back."""
 
     kind: str = "local"
     path: str = ""
@@ -84,6 +86,8 @@ class SourceResource(dg.ConfigurableResource):
     folder: str = ""
     shared_drive: str = ""
     drive: str = ""
+    acl_file: str = ""
+    held_documents: str = ""
 
     def build(self) -> Source:
         """Return the connector object; raises ``ValueError`` for a missing required field."""

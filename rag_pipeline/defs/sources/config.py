@@ -10,7 +10,7 @@ In order of precedence:
 4. nothing: no sources (the per-document assets, checks and failure sensor still load).
 
 Each object takes the fields of ``SourceResource`` (``kind``, ``path``, ``include``, ``exclude``,
-``library``, ``folder``, ``shared_drive``, ``drive``) plus ``name`` (required: letters, digits, ``_``;
+``library``, ``folder``, ``shared_drive``, ``drive``, ``acl_file``, ``held_documents``) plus ``name`` (required: letters, digits, ``_``;
 it names the source's assets, sensor and schedule and prefixes its partition keys), ``interval_s``
 (seconds between sensor ticks, default 60), ``max_inflight_runs`` (document runs in flight per source,
 default 50), ``reconcile_cron`` (the daily full reconciliation, default ``"0 3 * * *"``) and
@@ -67,6 +67,8 @@ def spec_from_dict(data: Mapping[str, Any]) -> SourceSpec:
         raise ValueError(f"source {name}: a local source needs a path")
     if fields.get("kind", "local") == "local":
         fields["path"] = str(Path(fields["path"]).expanduser().resolve())
+    if fields.get("held_documents", "hide") not in ("hide", "keep"):
+        raise ValueError(f"source {name}: held_documents must be hide or keep")
     interval = int(data.get("interval_s", 60))
     inflight = int(data.get("max_inflight_runs", 50))
     permission_interval = int(data.get("permission_interval_s", 300))
