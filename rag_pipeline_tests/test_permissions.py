@@ -341,3 +341,10 @@ def test_build_source_wires_the_acl_file_and_the_held_documents_policy(tmp_path,
     assert held_policy(build_source("local", path=str(folder))) == "hide"  # the default for a source with permissions
     with pytest.raises(ValueError, match="held_documents"):
         build_source("local", path=str(folder), held_documents="show")
+
+
+def test_documented_query_defaults():
+    from rag_pipeline import retrieval
+
+    assert retrieval.EXACT_BELOW_DOCUMENTS == 2000  # README: "fewer than 2,000 documents ... answered exactly"
+    assert retrieval.MAX_EF_SEARCH == 1000  # pgvector's bound
