@@ -154,3 +154,44 @@ def test_the_cli_does_not_import_dagster():
                             "rag_pipeline.pipeline.operate; print('dagster' in sys.modules)"],
                            capture_output=True, text=True, timeout=120)
     assert probe.stdout.strip() == "False", probe.stderr
+
+
+def test_query_as_a_principal_with_an_acl_file_and_the_recheck(tmp_path, database_url):
+    import json
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "salaries.md").write_text("# Salaries\n\nThe salary bands for engineers were raised by four percent.\n")
+    (folder / "menu.md").write_text("# Canteen\n\nThe canteen serves lentil soup every Tuesday.\n")
+    acl = tmp_path / "acl.yaml"
+    acl.write_text('rules:\n  - path: "**"\n    principals: [everyone]\n'
+                   '  - path: "salaries.md"\n    principals: ["group:hr"]\n'
+                   'groups:\n  group:hr: ["user:ada@example.com"]\n')
+    env = {"RAG_LOCAL_ACL_FILE": str(acl)}
+    os.environ.update(env)
+    try:
+        sync = _cli("sync", str(folder), database_url=database_url)
+        assert sync.returncode == 0, sync.stdout + sync.stderr
+        assert "permissions (full): 2 read" in sync.stdout and "1 group expanded" in sync.stdout
+
+        def ask(*who: str) -> set[str]:
+            run = _cli("query", "how much were salaries raised?", "-k", "5", "--json", *who, database_url=database_url)
+            assert run.returncode == 0, run.stderr
+            return {h["source_id"] for h in json.loads(run.stdout)}
+
+        assert ask("--as", "ada@example.com") == {"salaries.md", "menu.md"}
+        assert ask("--as", "bob@example.com") == {"menu.md"}
+        assert ask("--admin") == {"salaries.md", "menu.md"}
+        bad = _cli("query", "x", "--as", "role:boss", database_url=database_url)
+        assert bad.returncode == 2 and "unknown principal kind" in bad.stdout + bad.stderr
+
+        # ada leaves HR at the source; before any permission sync, --recheck asks the source itself
+        acl.write_text(acl.read_text().replace('["user:ada@example.com"]', "[]"))
+        os.environ["RAG_SOURCES"] = json.dumps([{"name": "shared", "kind": "local", "path": str(folder)}])
+        assert ask("--as", "ada@example.com", "--recheck") == {"menu.md"}
+        assert ask("--as", "ada@example.com") == {"menu.md"}  # and the index learnt it
+        logged = _sql(database_url, "SELECT recheck_dropped FROM retrieval_log WHERE recheck_dropped IS NOT NULL")
+        assert logged == [(1,)]
+    finally:
+        for key in (*env, "RAG_SOURCES"):
+            os.environ.pop(key, None)

@@ -89,13 +89,19 @@ def read_groups(source, groups: Collection[str], *, batch: int = 100) -> Expansi
     return out
 
 
-def store_groups(conn: psycopg.Connection, source: str, expansion: Expansion) -> int:
+def store_groups(conn: psycopg.Connection, source: str, expansion: Expansion,
+                 only: Collection[str] | None = None) -> int:
     """Replace ``source``'s rows of ``group_members`` with ``expansion.closure`` (one transaction); groups in
-    ``expansion.errors`` keep no rows. Returns the number of rows written."""
+    ``expansion.errors`` keep no rows. ``only``: replace just these groups' rows (a re-check's fresh read),
+    else every row of the source. Returns the number of rows written."""
     rows = [(source, g, m) for g, members in expansion.closure.items() if g not in expansion.errors
-            for m in sorted(members)]
+            and (only is None or g in only) for m in sorted(members)]
     with conn.transaction():
-        conn.execute("DELETE FROM group_members WHERE source = %s", (source,))
+        if only is None:
+            conn.execute("DELETE FROM group_members WHERE source = %s", (source,))
+        else:
+            conn.execute("DELETE FROM group_members WHERE source = %s AND group_principal = ANY(%s)",
+                         (source, sorted(only)))
         with conn.cursor() as cur:
             with cur.copy("COPY group_members (source, group_principal, member) FROM STDIN") as copy:
                 for row in rows:

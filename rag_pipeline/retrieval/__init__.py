@@ -175,7 +175,7 @@ def query(store: Store, embedder: Embedder, text: str, *, k: int = 5, source: st
             filtered = sum(1 for h in unfiltered.hits if h.document_id in hidden)
         dropped: list[int] = []
         if recheck and hits:
-            hits, dropped = recheck_hits(conn, hits, readable, sources or {})
+            hits, dropped = recheck_hits(conn, hits, readable, sources or {}, given)
         conn.execute(
             """
             INSERT INTO retrieval_log (query, k, embedding_model, chunk_ids, scores, document_ids, versions,
