@@ -346,5 +346,7 @@ def test_build_source_wires_the_acl_file_and_the_held_documents_policy(tmp_path,
 def test_documented_query_defaults():
     from rag_pipeline import retrieval
 
-    assert retrieval.EXACT_BELOW_DOCUMENTS == 2000  # README: "fewer than 2,000 documents ... answered exactly"
+    assert retrieval.EXACT_BELOW_DOCUMENTS == 2000  # README: "fewer than 2,000 documents and 10,000 chunks"
+    assert retrieval.EXACT_BELOW_CHUNKS == 10_000
+    assert retrieval.EF_SEARCH == 400
     assert retrieval.MAX_EF_SEARCH == 1000  # pgvector's bound

@@ -8,8 +8,9 @@ and whose scope (``documents.principals``) meets the caller's expanded principal
 
 ``search`` is the one query of the index (``query`` and ``benchmarks/bench_permissions.py`` call it):
 
-* a caller who can read fewer than ``EXACT_BELOW_DOCUMENTS`` documents gets an exact answer (those
-  documents' chunks, found through the GIN index on ``documents.principals``, ranked by distance);
+* a caller who can read fewer than ``EXACT_BELOW_DOCUMENTS`` documents and ``EXACT_BELOW_CHUNKS`` chunks
+  gets an exact answer (those documents' chunks, found through the GIN index on ``documents.principals``,
+  ranked by distance);
 * otherwise pgvector's HNSW index with its iterative scan (``hnsw.iterative_scan = relaxed_order``,
   re-ordered by distance), so a filter keeps scanning instead of returning fewer rows; should it still
   come back short of ``k`` (the scan's ``hnsw.max_scan_tuples`` reached), the exact query answers.
@@ -33,8 +34,12 @@ from rag_pipeline.embedding.base import Embedder
 from rag_pipeline.store.db import Store
 
 EXACT_BELOW_DOCUMENTS = 2000
-"""A caller who can read fewer documents than this is answered by an exact scan of their chunks."""
-EF_SEARCH = 100
+"""A caller who can read fewer documents than this (and fewer than ``EXACT_BELOW_CHUNKS`` chunks) is answered
+by an exact scan of their chunks."""
+EXACT_BELOW_CHUNKS = 10_000
+"""The exact path's cost grows with the readable chunks (about 3 µs each on 2 cores,
+``benchmarks/bench_permissions.py``): above this, the HNSW path answers."""
+EF_SEARCH = 400
 """``hnsw.ef_search`` of the approximate path (at least ``4 * k``, at most ``MAX_EF_SEARCH``)."""
 MAX_EF_SEARCH = 1000
 """pgvector's upper bound for ``hnsw.ef_search``; a larger ``k`` relies on the iterative scan (and the
@@ -93,21 +98,24 @@ def _hits(rows: Sequence[tuple]) -> list[Hit]:
 
 def search(conn: psycopg.Connection, vector: np.ndarray, *, model: str, k: int, readable: Sequence[str] | None,
            source: str | None = None, exact_below: int = EXACT_BELOW_DOCUMENTS,
-           ef_search: int = EF_SEARCH) -> SearchResult:
+           exact_below_chunks: int = EXACT_BELOW_CHUNKS, ef_search: int = EF_SEARCH) -> SearchResult:
     """The top ``k`` eligible chunks nearest ``vector`` (float32, the index's dimension) by cosine distance.
 
     ``readable``: the caller's *expanded* principals (``permissions.groups.expand``), or ``None`` for an
-    admin (no permission filter). ``exact_below``: answer exactly when fewer documents are readable (0:
-    never). Runs in its own transaction (``SET LOCAL``); raises only database errors."""
+    admin (no permission filter). ``exact_below`` / ``exact_below_chunks``: answer exactly when fewer
+    documents and chunks are readable (``exact_below=0``: never). Statements are never prepared (a generic
+    plan would lose the per-caller choice of index). Runs in its own transaction (``SET LOCAL``); raises
+    only database errors."""
     params = {"v": np.asarray(vector, dtype=np.float32), "model": model, "source": source, "k": k,
               "readable": list(readable) if readable is not None else None}
     with conn.transaction():
         if readable is not None and exact_below > 0:
-            (n,) = conn.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM documents d WHERE d.principals && %(readable)s::text[] "
-                "AND d.deleted_at IS NULL AND d.hidden_reason IS NULL LIMIT %(limit)s) s",
-                {**params, "limit": exact_below}).fetchone()
-            if n < exact_below:
+            n, chunks = conn.execute(
+                "SELECT count(*), COALESCE(sum(chunk_count), 0) FROM (SELECT d.chunk_count FROM documents d "
+                "WHERE d.principals && %(readable)s::text[] AND d.deleted_at IS NULL AND d.hidden_reason IS NULL "
+                "AND (%(source)s::text IS NULL OR d.source = %(source)s::text) LIMIT %(limit)s) s",
+                {**params, "limit": exact_below}, prepare=False).fetchone()
+            if n < exact_below and chunks < exact_below_chunks:
                 return SearchResult(_exact(conn, params), "exact")
         conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
         conn.execute("SET LOCAL hnsw.ef_search = %d" % min(MAX_EF_SEARCH, max(int(ef_search), 4 * k)))
@@ -120,7 +128,7 @@ def search(conn: psycopg.Connection, vector: np.ndarray, *, model: str, k: int, 
                 ORDER BY c.embedding <=> %(v)s
                 LIMIT %(k)s)
             SELECT * FROM nearest ORDER BY 12
-            """, params).fetchall()
+            """, params, prepare=False).fetchall()
         if len(rows) == k:
             return SearchResult(_hits(rows), "hnsw")
         return SearchResult(_exact(conn, params), "hnsw+exact")
@@ -135,7 +143,7 @@ def _exact(conn: psycopg.Connection, params: dict) -> list[Hit]:
         WHERE {_VISIBLE} AND {_READABLE}
         ORDER BY (c.embedding <=> %(v)s) + 0
         LIMIT %(k)s
-        """, params).fetchall())
+        """, params, prepare=False).fetchall())
 
 
 def query(store: Store, embedder: Embedder, text: str, *, k: int = 5, source: str | None = None,
@@ -191,4 +199,4 @@ def query(store: Store, embedder: Embedder, text: str, *, k: int = 5, source: st
     return hits
 
 
-__all__ = ["EXACT_BELOW_DOCUMENTS", "AccessDenied", "Hit", "SearchResult", "query", "search"]
+__all__ = ["EXACT_BELOW_CHUNKS", "EXACT_BELOW_DOCUMENTS", "AccessDenied", "Hit", "SearchResult", "query", "search"]
