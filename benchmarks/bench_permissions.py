@@ -343,9 +343,9 @@ class Recording:
     def __init__(self, conn) -> None:
         self._conn, self.statements = conn, []
 
-    def execute(self, sql, params=None):
+    def execute(self, sql, params=None, **options):
         self.statements.append((sql, params))
-        return self._conn.execute(sql, params)
+        return self._conn.execute(sql, params, **options)
 
     def transaction(self):
         return self._conn.transaction()
@@ -599,6 +599,10 @@ def run(args, work: Path, tag: str, params: dict) -> int:
         sql_s = np.array([r[1] for r in sql_rows], dtype=np.float32)
         if len(sql_s) != want or not np.allclose(np.sort(sql_s)[::-1], truth_s[0][:want], atol=1e-5):
             failures.append(f"{label}: numpy truth differs from the sequential-scan answer")
+        if leaks:
+            failures.append(f"{label}: {leaks} row(s) returned that the principal may not read")
+        if rows_ok != len(lat):
+            failures.append(f"{label}: {len(lat) - rows_ok} answer(s) without exactly min(k, readable) rows")
         p50, p95 = np.percentile(lat, 50), np.percentile(lat, 95)
         frac = mask.mean()
         strat = f"{strategies['exact']}/{strategies['hnsw']}/{strategies['hnsw+exact']}"

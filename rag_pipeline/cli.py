@@ -235,8 +235,9 @@ def status(
     failed: Annotated[bool, typer.Option("--failed", help="print the dead-letter table (every failed document "
                                                           "with attempts and reason, grouped by reason)")] = False,
 ) -> None:
-    """Documents by status and source, deletions the guard holds back, failed and skipped documents.
-    Exit code 2 while a guard holds deletions back, else 1 while any document is failed, else 0."""
+    """Documents by status and source, deletions the guard holds back (and how many are hidden), documents whose
+    permissions could not be read, failed and skipped documents. Exit code 2 while a guard holds deletions
+    back, else 1 while any document is failed, else 0."""
     from rag_pipeline.pipeline import operate
     from rag_pipeline.store.db import Store
     from rag_pipeline.store.embedded import resolve_database_url
@@ -251,6 +252,10 @@ def status(
         report = operate.dead_letter_report(conn)
         skipped = conn.execute("SELECT source, source_id, last_error FROM documents WHERE status = 'skipped' "
                                "ORDER BY source, source_id").fetchall()
+        unreadable = conn.execute("SELECT source, source_id, permissions_error FROM documents WHERE status <> 'deleted' "
+                                  "AND permissions_error IS NOT NULL ORDER BY source, source_id").fetchall()
+        hidden = conn.execute("SELECT count(*) FROM documents WHERE status <> 'deleted' AND hidden_reason IS NOT NULL"
+                              ).fetchone()[0]
     table = Table(title="documents by status")
     for col in ("source", "status", "documents"):
         table.add_column(col)
@@ -261,6 +266,12 @@ def status(
         kept = ", ".join(h.held_back[:10]) + (" …" if len(h.held_back) > 10 else "")
         console.print(f"[red]deletion guard holding since {h.since:%Y-%m-%d %H:%M}:[/red] {escape(h.source)}: "
                       f"{escape(h.reason or '')}" + (f"; kept: {escape(kept)}" if kept else ""))
+    if unreadable:
+        console.print(f"[yellow]{_plural(len(unreadable), 'document')} readable by nobody (permissions could not be "
+                      "read):[/yellow] " + escape(", ".join(f"{r[1]} ({r[2]})" for r in unreadable[:5]))
+                      + (" …" if len(unreadable) > 5 else ""))
+    if hidden:
+        console.print(f"{_plural(hidden, 'document')} hidden from queries while the deletion guard holds them back")
     if skipped and not failed:
         console.print(f"{_plural(len(skipped), 'document')} skipped (nothing to index, not failures): " +
                       escape(", ".join(f"{r[1]} ({r[2]})" for r in skipped[:10])) + (" …" if len(skipped) > 10 else ""))

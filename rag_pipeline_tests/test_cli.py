@@ -192,6 +192,13 @@ def test_query_as_a_principal_with_an_acl_file_and_the_recheck(tmp_path, databas
         assert ask("--as", "ada@example.com") == {"menu.md"}  # and the index learnt it
         logged = _sql(database_url, "SELECT recheck_dropped FROM retrieval_log WHERE recheck_dropped IS NOT NULL")
         assert logged == [(1,)]
+
+        acl.write_text("rules: [not a rule]\n")  # an invalid ACL file: every document readable by nobody
+        again = _cli("sync", str(folder), database_url=database_url)
+        assert again.returncode == 0 and "2 unreadable (readable by nobody)" in again.stdout, again.stdout
+        assert ask("--as", "bob@example.com") == set()
+        status = _cli("status", database_url=database_url)
+        assert "2 documents readable by nobody (permissions could not be read)" in status.stdout, status.stdout
     finally:
         for key in (*env, "RAG_SOURCES"):
             os.environ.pop(key, None)
