@@ -189,7 +189,13 @@ def test_noop_resync_extracts_embeds_and_writes_nothing(corpus_index, embedder, 
                             ([second.run_id, third.run_id],)).fetchall()
     assert after == corpus_index["chunks_before"]
     assert logged == 0
-    assert runs == [("succeeded", {"skipped-unchanged": len(top_level), "embedded": 0, "held_back": []})] * 2
+    for status, counts in runs:
+        permissions = counts.pop("permissions")
+        assert (status, counts) == ("succeeded", {"skipped-unchanged": len(top_level), "embedded": 0, "held_back": [],
+                                                  "hidden": 0})
+        # the permission sync read every top-level document again and changed nothing
+        assert {k: permissions[k] for k in ("mode", "read", "updated", "unreadable", "group_errors")} == \
+            {"mode": "full", "read": len(top_level), "updated": 0, "unreadable": 0, "group_errors": 0}
 
 
 def test_quality_record_is_stored(corpus_index):
