@@ -14,15 +14,9 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
-import pickle
-import pwd
-import select
 import shutil
-import signal
 import stat
 import tempfile
-import time
-import traceback
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +27,7 @@ import pytest
 
 from rag_pipeline.sources.base import ListingIncompleteError, SourceDocument, SourceError
 from rag_pipeline.sources.local import LocalFolderSource
+from rag_pipeline_tests.asuser import run_as
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + b"\x00" * 64
 
@@ -59,51 +54,11 @@ def by_id(docs: list[SourceDocument]) -> dict[str, SourceDocument]:
 
 def as_unprivileged(fn: Callable[[], Any], *, timeout_s: float = 60.0) -> Any:
     """Run ``fn()`` in a forked child whose uid and gid are ``nobody``'s (supplementary groups dropped)
-    and return its (pickled) result. Under a non-root user, permissions already apply: run in-process.
-    A child that fails, dies or hangs fails the test with what it said."""
+    and return its (pickled) result (``asuser.run_as``). Under a non-root user, permissions already apply:
+    run in-process."""
     if os.geteuid() != 0:
         return fn()
-    nobody = pwd.getpwnam("nobody")
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            try:
-                payload = ("ok", fn())
-            except BaseException:
-                payload = ("error", traceback.format_exc())
-            data = pickle.dumps(payload)
-            while data:
-                data = data[os.write(w, data):]
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    chunks, deadline = [], time.monotonic() + timeout_s
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                os.kill(pid, signal.SIGKILL)
-                pytest.fail(f"the child running as nobody did not finish within {timeout_s}s")
-            block = os.read(r, 1 << 16)
-            if not block:
-                break
-            chunks.append(block)
-    finally:
-        os.close(r)
-        _, status = os.waitpid(pid, 0)
-    if not chunks:
-        pytest.fail(f"the child running as nobody died without answering (wait status {status})")
-    kind, value = pickle.loads(b"".join(chunks))
-    if kind == "error":
-        pytest.fail(f"the child running as nobody failed:\n{value}")
-    return value
+    return run_as("nobody", fn, timeout_s=timeout_s)
 
 
 def outcome(call: Callable[[], Any]) -> tuple[str, Any]:

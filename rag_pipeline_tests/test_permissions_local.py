@@ -13,20 +13,16 @@ from __future__ import annotations
 import grp
 import json
 import os
-import pickle
 import pwd
-import select
 import shutil
-import signal
 import tempfile
-import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rag_pipeline.permissions.principals import EVERYONE
+from rag_pipeline_tests.asuser import run_as
 from rag_pipeline.sources.base import Scope, SourceDocument
 from rag_pipeline.sources.local import (
     ACL_FILE_ENV,
@@ -95,6 +91,17 @@ def principals(scopes, sid: str) -> set[str]:
     return set(scope.principals)
 
 
+def _openable(paths: list[Path]) -> list[str]:
+    readable = []
+    for p in paths:
+        try:
+            os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK))
+            readable.append(str(p))
+        except OSError:
+            pass
+    return readable
+
+
 def kernel_readers(paths: list[Path], accounts: list[str]) -> dict[str, set[Path]]:
     """For each account, the ``paths`` a process running as it (uid, primary gid, its supplementary groups
     from the group database) can open for reading: the kernel's own answer, from a forked child."""
@@ -102,49 +109,7 @@ def kernel_readers(paths: list[Path], accounts: list[str]) -> dict[str, set[Path
     for name in accounts:
         entry = pwd.getpwnam(name)
         supplementary = sorted({g.gr_gid for g in grp.getgrall() if name in g.gr_mem} | {entry.pw_gid})
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child: never return into pytest
-            code = 1
-            try:
-                os.close(r)
-                os.setgroups(supplementary)
-                os.setgid(entry.pw_gid)
-                os.setuid(entry.pw_uid)
-                readable = []
-                for p in paths:
-                    try:
-                        os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK))
-                        readable.append(str(p))
-                    except OSError:
-                        pass
-                data = pickle.dumps(("ok", readable))
-            except BaseException:  # noqa: BLE001 - reported to the parent, which asserts on it
-                data = pickle.dumps(("error", traceback.format_exc()))
-            finally:
-                try:
-                    while data:
-                        data = data[os.write(w, data):]
-                    code = 0
-                finally:
-                    os._exit(code)
-        os.close(w)
-        chunks, deadline = [], time.monotonic() + 30
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([r], [], [], left)[0]:
-                    os.kill(pid, signal.SIGKILL)
-                    pytest.fail(f"the child running as {name} did not answer")
-                block = os.read(r, 1 << 16)
-                if not block:
-                    break
-                chunks.append(block)
-        finally:
-            os.close(r)
-            os.waitpid(pid, 0)
-        kind, value = pickle.loads(b"".join(chunks))
-        assert kind == "ok", value
+        value = run_as(name, lambda: _openable(paths), groups=supplementary, timeout_s=30)
         found[name] = {Path(p) for p in value}
     return found
 

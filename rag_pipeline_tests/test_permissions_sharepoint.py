@@ -8,7 +8,6 @@ Expected principals are written out from what each test granted in the fake, nev
 from __future__ import annotations
 
 import pytest
-import trustme
 
 from rag_pipeline.sources.base import (
     ListingIncompleteError,
@@ -23,20 +22,9 @@ from rag_pipeline.sources.sharepoint import (
 )
 
 from .fakes.graph_server import FakeGraph
+from .test_sharepoint import ca, ca_file  # noqa: F401  (a throwaway CA the client trusts)
 
 FAST_RETRY = RetryPolicy(attempts=2, base_wait_s=0.01, max_wait_s=1.0)
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def ca_file(ca, tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("ca") / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    return str(path)
 
 
 @pytest.fixture

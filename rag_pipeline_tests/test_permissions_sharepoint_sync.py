@@ -14,7 +14,6 @@ before.
 from __future__ import annotations
 
 import pytest
-import trustme
 
 from rag_pipeline.permissions import sync_permissions
 from rag_pipeline.pipeline.sync import sync_source
@@ -24,6 +23,7 @@ from rag_pipeline.sources.sharepoint import RetryPolicy, SharePointSource
 from .fakes.gdrive_server import corpus_bytes
 from .fakes.graph_server import FakeGraph
 from .test_gdrive_sync import PHRASE, assert_index_equals
+from .test_sharepoint_sync import ca_file, graph  # noqa: F401  (the fake Graph server behind a throwaway CA)
 
 pytestmark = pytest.mark.slow
 
@@ -36,22 +36,9 @@ FILES = {"memo": ("memo.pdf", "fake-memo.pdf", "application/pdf"),
          "table": ("table.md", "simple-table.md", "text/markdown"),
          "tables": ("tables.docx", "docx-tables.docx", DOCX),
          "utf16": ("utf16.txt", "fake-text-utf-16.txt", "text/plain")}
-BROAD_K = 250  # (4 * k must stay within hnsw.ef_search <= 1000: retrieval caps nothing)
+BROAD_K = 250
 
 
-@pytest.fixture(scope="module")
-def ca_file(tmp_path_factory):
-    ca = trustme.CA()
-    path = tmp_path_factory.mktemp("ca") / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    return ca, str(path)
-
-
-@pytest.fixture
-def graph(shared_dir, ca_file):
-    fake = FakeGraph(page_limit=3)
-    with fake.serve(ca_file[0]):
-        yield fake
 
 
 def _library(g: FakeGraph) -> dict[str, str]:
