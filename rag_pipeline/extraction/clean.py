@@ -89,7 +89,7 @@ def _normalize(text: str) -> str:
 
 _FENCE_RE = re.compile(r"^\s{0,3}(```|~~~)")
 _SPACES_RE = re.compile(r"[ \t\u00a0\u2000-\u200a\u202f\u205f]+")
-_LIST_INDENT_RE = re.compile(r"^([ \t]+)(?:[-*+]|\d{1,3}[.)]) ")
+_LIST_INDENT_RE = re.compile(r"^([ \t]+)(?:[-*+]|\d{1,3}[.)])(?: |$)")
 
 
 def normalize_whitespace(markdown: str) -> str:

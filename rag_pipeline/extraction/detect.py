@@ -185,7 +185,7 @@ def sniff(data: bytes) -> str:
         try:
             json.loads(text)
             return "json"
-        except ValueError:
+        except (ValueError, RecursionError):  # deeply nested brackets are not JSON we can use
             pass
     if _HTML_RE.search(data[:2048]) or _HTML_RE.search(text[:2048].encode("utf-8", "ignore")):
         return "html"

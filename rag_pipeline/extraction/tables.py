@@ -75,7 +75,8 @@ def _row(cells: list[str]) -> str:
 
 def expand_spans(cells: Sequence[Sequence[tuple[str, int, int]]]) -> Grid:
     """Expand rows of ``(text, rowspan, colspan)`` cells (HTML/DOCX semantics) into a full grid in
-    which every covered position repeats the merged cell's text."""
+    which every covered position repeats the merged cell's text. A rowspan never reaches past the last row
+    (so declared spans cannot make a grid taller than the table)."""
     grid: dict[tuple[int, int], str] = {}
     width = 0
     for i, row in enumerate(cells):
@@ -83,7 +84,7 @@ def expand_spans(cells: Sequence[Sequence[tuple[str, int, int]]]) -> Grid:
         for text, rowspan, colspan in row:
             while (i, j) in grid:
                 j += 1
-            for di in range(max(1, rowspan)):
+            for di in range(min(max(1, rowspan), len(cells) - i)):
                 for dj in range(max(1, colspan)):
                     grid[(i + di, j + dj)] = text
             j += max(1, colspan)

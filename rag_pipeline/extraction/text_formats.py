@@ -62,10 +62,10 @@ def detect_encoding(data: bytes) -> str:
     if meta:
         name = meta.group(1).decode("ascii", "ignore")
         try:
-            codecs.lookup(name)
-            data.decode(name)
-            return name
-        except (LookupError, UnicodeDecodeError):
+            if getattr(codecs.lookup(name), "_is_text_encoding", True):  # not rot13, zlib, "undefined"...
+                data.decode(name)
+                return name
+        except (LookupError, UnicodeError):
             pass
     from charset_normalizer import from_bytes
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -57,19 +58,23 @@ def chunk_id(document_id: int, version: int, ordinal: int) -> str:
     return f"{document_id}:{version}:{ordinal}"
 
 
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
 def _json_safe(value: Any) -> Any:
-    """Strip U+0000 from every string in a JSON-like value (PostgreSQL JSONB rejects it)."""
+    """Strip U+0000 from every string in a JSON-like value (PostgreSQL JSONB rejects it) and replace lone
+    surrogates (JSON ``\\ud800`` escapes, undecodable file names) with U+FFFD (UTF-8 cannot encode them)."""
     if isinstance(value, str):
-        return value.replace("\x00", "")
+        return _clean(value)
     if isinstance(value, Mapping):
-        return {str(k).replace("\x00", ""): _json_safe(v) for k, v in value.items()}
+        return {_clean(str(k)): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
 
 
 def _clean(value: str | None) -> str | None:
-    return None if value is None else value.replace("\x00", "")
+    return None if value is None else _SURROGATE_RE.sub("\ufffd", value.replace("\x00", ""))
 
 
 def expires_at(doc: SourceDocument, doc_type: str | None, expiry_days: Mapping[str, int]) -> datetime | None:
