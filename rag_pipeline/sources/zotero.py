@@ -295,12 +295,12 @@ class LinkedFileResolver:
             return None, f"{LINKED_NOT_REACHABLE}: no path mapping for {recorded}"
         try:
             real = candidate.resolve()
-        except (OSError, RuntimeError) as exc:
-            return None, f"{LINKED_NOT_REACHABLE}: {candidate} ({exc.__class__.__name__})"
-        if not any(real == base or real.is_relative_to(base) for base in allowed):
-            return None, f"{LINKED_NOT_REACHABLE}: {candidate} is outside the configured roots"
-        if not real.is_file() or not os.access(real, os.R_OK):
-            return None, f"{LINKED_NOT_REACHABLE}: {candidate} does not exist or cannot be read"
+            if not any(real == base or real.is_relative_to(base) for base in allowed):
+                return None, f"{LINKED_NOT_REACHABLE}: {candidate} is outside the configured roots"
+            if not real.is_file() or not os.access(real, os.R_OK):
+                return None, f"{LINKED_NOT_REACHABLE}: {candidate} does not exist or cannot be read"
+        except (OSError, ValueError, RuntimeError) as exc:  # NUL in the path, a name over NAME_MAX, a loop
+            return None, f"{LINKED_NOT_REACHABLE}: {candidate!r} ({exc.__class__.__name__})"
         return real, None
 
     def _map(self, recorded: str) -> Path | None:
@@ -546,7 +546,7 @@ class ZoteroSource:
             version = int(parsed["version"])
             ok = (parsed.get("format") == _CURSOR_FORMAT and parsed.get("library") == self.library
                   and parsed.get("api") == self.api_url and version >= 0)
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, OverflowError):
             raise ChangeFeedUnavailable("unreadable Zotero cursor: full listing needed") from None
         if not ok:
             raise ChangeFeedUnavailable("the cursor belongs to another Zotero library or API URL: full listing needed")

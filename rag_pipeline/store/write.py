@@ -74,6 +74,8 @@ def _json_safe(value: Any) -> Any:
 
 
 def _clean(value: str | None) -> str | None:
+    """``value`` without U+0000 and with lone surrogates as U+FFFD (for titles, URIs, reasons, log rows; never
+    for a document's stable id, which must stay the source's own)."""
     return None if value is None else _SURROGATE_RE.sub("\ufffd", value.replace("\x00", ""))
 
 
@@ -97,7 +99,7 @@ def ensure_document(conn: psycopg.Connection, source: str, doc: SourceDocument, 
         ON CONFLICT (source, source_id) DO UPDATE SET last_seen_at = now()
         RETURNING id
         """,
-        (source, _clean(doc.source_id), parent_id, _clean(doc.uri), _clean(doc.title), doc.mime_type,
+        (source, doc.source_id.replace("\x00", ""), parent_id, _clean(doc.uri), _clean(doc.title), doc.mime_type,
          doc.source_version, doc.modified_at, Jsonb(_json_safe(dict(doc.metadata)))),
     ).fetchone()
     assert row is not None

@@ -2,8 +2,9 @@
 
 ``<source name>`` is the short name a source is configured under (``defs/sources/config.py``: letters,
 digits, ``_``), ``<stable id>`` the source's own id, escaped so the key obeys Dagster's rules and the
-UI's partition syntax: ``%``, ``,``, ``[``, ``]``, ``|``, control characters and any ``.`` that follows
-another ``.`` (``...`` is Dagster's range separator) become ``%XX``. Everything else (``/``, spaces,
+UI's partition syntax: ``%``, ``,``, ``[``, ``]``, ``|``, control characters, lone surrogates (an
+undecodable file name, as ``os.fsdecode`` gives it) and any ``.`` that follows another ``.`` (``...`` is
+Dagster's range separator) become ``%XX``. Everything else (``/``, spaces,
 non-ASCII) is kept, so keys stay readable; ``parse_document_partition_key`` reverses the escaping.
 """
 
@@ -24,8 +25,9 @@ def _escape(source_id: str) -> str:
     out = []
     previous = ""
     for ch in source_id:
-        if ch in _ALWAYS or ord(ch) < 32 or ord(ch) == 127 or (ch == "." and previous == "."):
-            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8")))
+        if (ch in _ALWAYS or ord(ch) < 32 or ord(ch) == 127 or (ch == "." and previous == ".")
+                or 0xD800 <= ord(ch) <= 0xDFFF):
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")))
         else:
             out.append(ch)
         previous = ch
@@ -48,4 +50,4 @@ def parse_document_partition_key(key: str) -> tuple[str, str]:
     name, sep, escaped = key.partition(":")
     if not sep or not SOURCE_NAME_RE.match(name) or not escaped:
         raise ValueError(f"not a document partition key: {key!r}")
-    return name, unquote(escaped, errors="strict")
+    return name, unquote(escaped, errors="surrogatepass")
