@@ -37,8 +37,10 @@ def apply_guard_visibility(conn: psycopg.Connection, source, diff) -> tuple[int,
     """After ``diff`` (``pipeline.plan.SourceDiff``) was acted on: show listed documents that were hidden,
     and hide (policy ``hide``) the vanished ones the guard held back after a complete listing. Returns
     ``(hidden, shown)`` row counts (one transaction)."""
-    listed = sorted({d.source_id for d in diff.documents})
     with conn.transaction():
+        any_hidden = conn.execute("SELECT EXISTS (SELECT 1 FROM documents WHERE source = %s AND hidden_reason IS NOT "
+                                  "NULL)", (source.name,)).fetchone()[0]
+        listed = sorted({d.source_id for d in diff.documents}) if any_hidden else []  # the usual case: none
         shown = conn.execute(
             "UPDATE documents SET hidden_reason = NULL WHERE source = %s AND source_id = ANY(%s) "
             "AND hidden_reason IS NOT NULL RETURNING id", (source.name, listed)).fetchall() if listed else []

@@ -7,7 +7,8 @@
   **Existing documents get the empty scope** with ``permissions_error`` saying they were not read yet:
   nothing becomes readable by anyone until the next sync reads each source's own permission data.
 * ``documents.hidden_reason``: set while the deletion guard holds a vanished document back and its
-  source's policy hides such documents (``rag_pipeline.permissions.visibility``); queries skip it, its
+  source's policy hides such documents (``rag_pipeline.permissions.visibility``; a partial index finds a
+  source's hidden documents without reading the others); queries skip it, its
   chunks stay, so a listing that brings it back shows it again with no re-embedding.
 * ``group_members``: the *expanded* membership of each group a source issued: one row per
   (source, group, member) for every direct or nested member (users and groups).
@@ -34,6 +35,7 @@ def upgrade() -> None:
     op.execute("UPDATE documents SET permissions_error = "
                "'permissions not read yet (index upgraded to revision 0004): readable by nobody until the next sync'")
     op.execute("CREATE INDEX documents_principals ON documents USING gin (principals)")
+    op.execute("CREATE INDEX documents_hidden ON documents (source) WHERE hidden_reason IS NOT NULL")
     op.execute(
         """
         CREATE TABLE group_members (
@@ -55,6 +57,7 @@ def downgrade() -> None:
     op.execute("ALTER TABLE retrieval_log DROP COLUMN principals, DROP COLUMN admin, DROP COLUMN filtered_count, "
                "DROP COLUMN recheck_dropped, DROP COLUMN recheck_dropped_ids")
     op.execute("DROP TABLE group_members")
+    op.execute("DROP INDEX documents_hidden")
     op.execute("DROP INDEX documents_principals")
     op.execute("ALTER TABLE documents DROP COLUMN principals, DROP COLUMN permissions_error, "
                "DROP COLUMN permissions_synced_at, DROP COLUMN hidden_reason")
