@@ -18,7 +18,7 @@ import psycopg
 
 from rag_pipeline.permissions.groups import is_group, read_groups, store_groups
 from rag_pipeline.permissions.principals import implied
-from rag_pipeline.permissions.sync import apply_scopes, checked_scope, read_scopes
+from rag_pipeline.permissions.sync import apply_scopes, read_scopes
 from rag_pipeline.sources.base import Scope, SourceDocument
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def recheck_hits(conn: psycopg.Connection, hits: Sequence, readable: Sequence[st
             log.warning("re-check: source %s is not configured here: its hits are dropped", source)
             scopes = {sid: Scope.unreadable("source not configured for the re-check") for sid in docs}
         else:
-            scopes = {sid: checked_scope(s) for sid, s in read_scopes(connector, list(docs.values())).items()}
+            scopes = read_scopes(connector, list(docs.values()))
             apply_scopes(conn, source, scopes)
         for sid, scope in scopes.items():
             fresh[(source, sid)] = scope

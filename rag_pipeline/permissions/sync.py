@@ -144,7 +144,8 @@ def _documents_to_read(conn: psycopg.Connection, source: str, changed_ids: Colle
 
 def read_scopes(source, documents: Sequence[SourceDocument]) -> dict[str, Scope]:
     """``{source_id: Scope}`` for ``documents`` from ``source`` (see module docstring): one call per
-    ``BATCH``; a call that raises ``SourceError`` makes its batch unreadable with the error as reason."""
+    ``BATCH``; a call that raises ``SourceError`` makes its batch unreadable with the error as reason. Every
+    scope is passed through ``checked_scope`` (a missing or malformed one is unreadable)."""
     out: dict[str, Scope] = {}
     reader = getattr(source, "permissions", None)
     if reader is None:
@@ -152,7 +153,7 @@ def read_scopes(source, documents: Sequence[SourceDocument]) -> dict[str, Scope]
         scope = (Scope.of(default) if default is not None else
                  Scope.unreadable(f"source {source.name} carries no permissions and no default scope "
                                   "(its default_principals) is configured"))
-        return {d.source_id: scope for d in documents}
+        return {d.source_id: checked_scope(scope) for d in documents}
     for start in range(0, len(documents), BATCH):
         batch = list(documents[start:start + BATCH])
         try:
@@ -161,7 +162,7 @@ def read_scopes(source, documents: Sequence[SourceDocument]) -> dict[str, Scope]
             reason = f"permission read failed: {exc}"
             got = {d.source_id: Scope.unreadable(reason) for d in batch}
         for d in batch:
-            out[d.source_id] = got.get(d.source_id) if isinstance(got, Mapping) else None
+            out[d.source_id] = checked_scope(got.get(d.source_id) if isinstance(got, Mapping) else None)
     return out
 
 
@@ -190,7 +191,7 @@ def sync_permissions(source, conn: psycopg.Connection, settings: Settings | None
         scopes = read_scopes(source, documents)
         report = PermissionReport(name, "full" if changed_ids is None else "changes", read=len(documents))
         report.updated = apply_scopes(conn, name, scopes)
-        report.unreadable = {i: checked_scope(s).error or "" for i, s in scopes.items() if checked_scope(s).error}
+        report.unreadable = {i: s.error for i, s in scopes.items() if s.error}
         if report.unreadable:
             log.warning("%s: permissions of %d document(s) could not be read: readable by nobody until they can",
                         name, len(report.unreadable))
