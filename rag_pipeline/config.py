@@ -39,8 +39,13 @@ class Settings(BaseSettings):
     max_document_mb: int = 200
     """Per-document size cap in MiB (``RAG_MAX_DOCUMENT_MB``). A document larger than this ends
     ``permanently_failed`` with its size and the cap in the reason, without being read when the listing
-    reports its size (else checked right after the fetch); it is tried again when its content changes or
-    after ``rag-pipeline retry``. 0 = no cap."""
+    reports its size (else the download stops at the piece that passes the cap: "at least N MB"); it is
+    tried again when its content changes or after ``rag-pipeline retry``. 0 = no cap."""
+
+    max_pdf_pages: int = 20_000
+    """Most pages a PDF may declare (``RAG_MAX_PDF_PAGES``, default ``extraction.pdf.MAX_PDF_PAGES``); a PDF
+    with more is refused before any page is read: ``permanently_failed``, "too many pages: N, over the cap
+    of M pages"."""
 
     expiry_days: dict[str, int] = Field(default_factory=dict)
     """Per document type, days after ``modified_at`` when a document counts as expired and queries skip

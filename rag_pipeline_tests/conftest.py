@@ -96,15 +96,16 @@ def store(database_url) -> Store:
 
 @pytest.fixture
 def fetches(monkeypatch) -> list[str]:
-    """Source ids ``LocalFolderSource.fetch`` was called for during the test (the real fetch runs)."""
+    """Source ids ``LocalFolderSource.fetch_to`` (what the pipeline reads through; ``fetch`` calls it too)
+    was called for during the test (the real read runs)."""
     from rag_pipeline.sources.local import LocalFolderSource
 
     seen: list[str] = []
-    real = LocalFolderSource.fetch
+    real = LocalFolderSource.fetch_to
 
-    def counting(self, document):
+    def counting(self, document, out):
         seen.append(document.source_id)
-        return real(self, document)
+        return real(self, document, out)
 
-    monkeypatch.setattr(LocalFolderSource, "fetch", counting)
+    monkeypatch.setattr(LocalFolderSource, "fetch_to", counting)
     return seen

@@ -15,6 +15,9 @@ def test_documented_defaults(monkeypatch):
     assert (s.expiry_days, s.retry_backoff_s, s.sync_batch_documents) == ({}, 3600.0, 16)
     assert s.local_verify_interval_s == 7 * 24 * 3600.0
     assert s.max_document_mb == 200
+    from rag_pipeline.extraction.pdf import MAX_PDF_PAGES
+
+    assert s.max_pdf_pages == MAX_PDF_PAGES == 20_000
 
 
 def test_environment_overrides(monkeypatch):

@@ -172,8 +172,9 @@ def test_noop_resync_extracts_embeds_and_writes_nothing(corpus_index, embedder, 
     import rag_pipeline.extraction as extraction
 
     fetched, extracted = [], []
-    real_fetch, real_extract = LocalFolderSource.fetch, extraction.extract
-    monkeypatch.setattr(LocalFolderSource, "fetch", lambda self, doc: fetched.append(doc.source_id) or real_fetch(self, doc))
+    real_fetch, real_extract = LocalFolderSource.fetch_to, extraction.extract
+    monkeypatch.setattr(LocalFolderSource, "fetch_to",
+                        lambda self, doc, out: fetched.append(doc.source_id) or real_fetch(self, doc, out))
     monkeypatch.setattr(extraction, "extract", lambda data, **kw: extracted.append(kw.get("filename")) or real_extract(data, **kw))
     calls, embedded = embedder.calls, embedder.embedded
     third = sync_source(LocalFolderSource(shared_dir / "corpus"), store, embedder, corpus_index["settings"])

@@ -216,7 +216,7 @@ def test_one_tick_is_fast_for_an_unchanged_source(instance, folder, database_url
 
     monkeypatch.setattr(psycopg.Cursor, "execute", execute)
     monkeypatch.setattr(LocalFolderSource, "list_documents", list_documents)
-    monkeypatch.setattr(LocalFolderSource, "fetch", lambda self, doc: pytest.fail(f"the tick fetched {doc.source_id}"))
+    monkeypatch.setattr(LocalFolderSource, "fetch_to", lambda self, doc, out: pytest.fail(f"the tick fetched {doc.source_id}"))
     quiet = tick(instance, spec, database_url, cursor="{}")
     # work, not time (the scale figures are in benchmarks/bench_sensor.py): one stat-only listing, no
     # fetch, one SQL statement (the index state from documents.chunk_count: no chunk-table count), no write

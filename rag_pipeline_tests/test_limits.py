@@ -228,7 +228,7 @@ def test_a_source_without_sizes_is_checked_after_the_fetch(database_url, store, 
     extracted = count_extractions(monkeypatch)
 
     sync_source(src, store, embedder, settings)
-    reason = "too large: 1.5 MB, over the 1 MB cap (RAG_MAX_DOCUMENT_MB)"
+    reason = "too large: at least 1.5 MB, over the 1 MB cap (RAG_MAX_DOCUMENT_MB)"  # one piece: fetch, not fetch_to
     assert rows(store, src.name, "big", "note") == {"big": ("permanently_failed", 1, reason),
                                                     "note": ("completed", 0, None)}
     assert sorted(src.fetches) == ["big", "note"] and extracted == ["note.md"]  # fetched, never extracted

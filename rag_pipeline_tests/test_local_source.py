@@ -319,3 +319,51 @@ def test_touch_changes_the_version_not_the_content(tmp_path: Path) -> None:
     assert after.size == before.size == len(data)
     assert after.content_sha256 == before.content_sha256 == sha256(data)
     assert stat.S_ISREG(os.stat(path).st_mode)
+
+
+# --- file names that are not UTF-8 ----------------------------------------------------------------
+
+
+def _bytes_file(root: Path, name: bytes, data: bytes) -> None:
+    with open(os.path.join(os.fsencode(root), name), "wb") as fh:
+        fh.write(data)
+
+
+def test_a_file_name_that_is_not_utf8_gets_a_storable_id_that_reads_it_back(tmp_path: Path) -> None:
+    """A Latin-1 name (``b"caf\\xe9.txt"``: ``os.fsdecode`` gives a lone surrogate no database text holds) is
+    listed as ``caf\\xe9.txt`` (the byte written ``\\xNN``), and ``lookup``/``fetch`` find the file again from
+    that id, also through a directory whose own name is not UTF-8. A file whose real name *is* that text
+    keeps it; the undecodable twin whose id would collide with it is not listed."""
+    os.mkdir(os.path.join(os.fsencode(tmp_path), b"r\xe9sum\xe9s"))
+    _bytes_file(tmp_path, b"caf\xe9.txt", b"latin-1 name")
+    _bytes_file(tmp_path, b"r\xe9sum\xe9s/cv.md", b"# CV\n")
+    _bytes_file(tmp_path, b"na\xefve.md", b"undecodable twin")
+    _bytes_file(tmp_path, b"na\\xefve.md", b"the real name has a backslash")
+    src = LocalFolderSource(tmp_path)
+    listing = src.list_documents()
+    ids = [d.source_id for d in listing.documents]
+    assert ids == sorted(["caf\\xe9.txt", "r\\xe9sum\\xe9s/cv.md", "na\\xefve.md"])
+    for sid in ids:
+        sid.encode("utf-8")  # storable
+    by_id = {d.source_id: d for d in listing.documents}
+    assert src.fetch(by_id["caf\\xe9.txt"]) == b"latin-1 name"
+    assert src.fetch(by_id["r\\xe9sum\\xe9s/cv.md"]) == b"# CV\n"
+    assert src.fetch(by_id["na\\xefve.md"]) == b"the real name has a backslash"
+    looked = src.lookup("caf\\xe9.txt")
+    assert looked is not None and looked.size == len(b"latin-1 name")
+    assert src.lookup("caf\\xe8.txt") is None  # another byte: no such file
+
+
+def test_a_file_name_that_is_not_utf8_is_indexed_beside_the_others(tmp_path: Path, settings, store, embedder) -> None:
+    """Before: ``UnicodeEncodeError`` (the id's surrogate) stopped the whole sync. Now the document is indexed
+    under its ``\\xNN`` id and the others complete."""
+    from rag_pipeline.pipeline.sync import sync_source
+
+    _bytes_file(tmp_path, b"caf\xe9.txt", b"The cafe opened at dawn for the fishermen and closed at noon.")
+    _bytes_file(tmp_path, b"ok.txt", b"The harbour master kept a ledger of every boat that came in.")
+    report = sync_source(LocalFolderSource(tmp_path), store, embedder, settings)
+    assert {d.source_id: d.status for d in report.documents} == {"caf\\xe9.txt": "completed", "ok.txt": "completed"}
+    with store.connection() as conn:
+        text = conn.execute("SELECT c.text FROM chunks c JOIN documents d ON d.id = c.document_id "
+                            "WHERE d.source_id = %s", ("caf\\xe9.txt",)).fetchone()[0]
+    assert "fishermen" in text

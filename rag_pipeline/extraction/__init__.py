@@ -13,7 +13,9 @@ Formats: PDF (PDFium text with reading-order/table logic; OCR of image pages wit
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 from ..config import Settings
 from .core import extract_in_process
@@ -47,7 +49,7 @@ __all__ = [
 
 
 def extract(
-    data: bytes,
+    data: bytes | os.PathLike[str],
     *,
     filename: str,
     declared_mime: str | None = None,
@@ -57,7 +59,8 @@ def extract(
 ) -> Extraction:
     """Extract one document's text as Markdown.
 
-    ``data``: the file's bytes. ``filename``: its name (the extension is the claimed type).
+    ``data``: the file's bytes, or the path of a file holding them (the worker reads it itself, so the
+    caller never holds a large document in memory; the pipeline passes its spool file). ``filename``: its name (the extension is the claimed type).
     ``declared_mime``: the MIME type the source reported, if any. ``settings``: limits
     (``extraction_timeout_s`` seconds, ``extraction_memory_mb`` MiB) and ``ocr_languages``; default
     ``Settings()``. ``progress(done_pages, total_pages)``: called as long PDFs advance.
@@ -73,6 +76,8 @@ def extract(
     """
     settings = settings or Settings()
     if not isolated:
+        if not isinstance(data, (bytes, bytearray)):
+            data = Path(data).read_bytes()
         return extract_in_process(data, filename=filename, declared_mime=declared_mime, settings=settings, progress=progress)
     from .worker import default_pool
 

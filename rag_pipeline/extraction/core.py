@@ -47,6 +47,7 @@ def _run_format(doc_type: str, data: bytes, filename: str, settings: Settings, p
             progress=progress,
             deadline=deadline,
             time_limit_s=float(settings.extraction_timeout_s),
+            max_pages=settings.max_pdf_pages,
         )
     if doc_type in ("docx", "pptx", "xlsx", "doc", "ppt", "xls"):
         from . import office

@@ -31,6 +31,15 @@ POOR_LAYER_QUALITY = 0.8
 text layer: it is re-OCR'd and the better text kept."""
 MAX_OCR_PAGES = 200
 """More image pages than this in one document are not OCR'd (the rest is flagged low quality)."""
+MAX_PDF_PAGES = 20_000
+"""A PDF whose page tree declares more pages than this is refused before any page is read, with a
+terminal ``ExtractionLimitError`` ("too many pages: N, over the cap of M pages"). A real text page
+costs ~10-50 ms, so 20,000 pages already need more than the default time limit; a generated file can
+declare a million (empty, shared) pages in 12 KB, which would otherwise be walked one by one until the
+time limit kills the worker."""
+
+UNLOADABLE_PAGE = "page cannot be loaded (broken page tree: too deep, cyclic or a missing object)"
+"""The page error of a page PDFium cannot load (its own error, "Failed to load page.", says no more)."""
 
 ProgressFn = Callable[[int, int], None]
 
@@ -48,6 +57,28 @@ def open_pdf(data: bytes) -> Any:
         if "password" in str(exc).lower():
             raise PasswordProtectedError("password protected") from exc
         raise ExtractionError(f"corrupt PDF: {exc}") from exc
+
+
+def _load_page(pdf: Any, index: int) -> Any:
+    """Page ``index`` of ``pdf``, or ``None`` when PDFium cannot load it: a page tree deeper than its
+    limit (1,024 levels), a cycle in it, a missing page object. Deterministic for the same bytes."""
+    import pypdfium2 as pdfium
+
+    try:
+        return pdf[index]
+    except pdfium.PdfiumError:
+        return None
+
+
+def _image_on(pdf: Any, index: int) -> bool:
+    """Whether page ``index`` (one that loaded before) draws an image; the page is closed again."""
+    page = _load_page(pdf, index)
+    if page is None:
+        return False
+    try:
+        return _page_has_image(page)
+    finally:
+        page.close()
 
 
 def _page_has_image(page: Any) -> bool:
@@ -83,6 +114,7 @@ def extract_pdf(
     progress: ProgressFn | None = None,
     deadline: float | None = None,
     time_limit_s: float | None = None,
+    max_pages: int = MAX_PDF_PAGES,
 ) -> Draft:
     """Extract a PDF to Markdown with one ``PAGE_MARKER`` per page.
 
@@ -92,13 +124,16 @@ def extract_pdf(
     ``deadline`` (a ``time.monotonic()`` value): OCR stops before it, so a long scan completes with
     the pages done so far (flagged low quality) instead of being killed by the worker's limit;
     ``time_limit_s`` is the limit it derives from, named in the error when no page fits.
+    A page PDFium cannot load (a page tree deeper than its limit, a cycle, a missing object) is a page
+    error: the other pages are kept and the document is flagged low quality.
     Raises ``PasswordProtectedError``, ``MissingDependencyError`` (OCR needed but Tesseract or the
-    language data is missing), ``NoTextError``, ``ExtractionLimitError`` (not a single page could be
-    OCR'd in time).
+    language data is missing), ``NoTextError`` (also when the pages that could be read hold no text:
+    "no text: malformed PDF: N of M page(s) cannot be loaded ..."), ``ExtractionLimitError`` (more than ``max_pages`` pages, see ``MAX_PDF_PAGES``; not a
+    single page could be OCR'd in time).
     """
     pdf = open_pdf(data)
     try:
-        return _extract(pdf, data, ocr_languages, progress, deadline, time_limit_s)
+        return _extract(pdf, data, ocr_languages, progress, deadline, time_limit_s, max_pages)
     finally:
         pdf.close()
 
@@ -110,29 +145,38 @@ def _extract(
     progress: ProgressFn | None,
     deadline: float | None,
     time_limit_s: float | None,
+    max_pages: int,
 ) -> Draft:
     n_pages = len(pdf)
     if n_pages == 0:
         raise NoTextError("no text: PDF has no pages")
+    if n_pages > max_pages:  # before anything walks the page tree (pypdf's font scan included)
+        raise ExtractionLimitError(f"too many pages: {n_pages:,}, over the cap of {max_pages:,} pages")
     # ToUnicode maps that contradict the font encoding ("ﬁinancial", "o↵"): repaired per character
     repairs = find_repairs(data)
     pages: list[pdf_layout.PageText] = []
     removed = 0
+    unloadable: set[int] = set()
     for index in range(n_pages):
-        page = pdf[index]
-        try:
-            page_text = pdf_layout.extract_page(page, repairs)
-        except Exception as exc:  # noqa: BLE001 - one broken page must not lose the others
-            page_text = pdf_layout.PageText(blocks=[], lines_top=[], lines_bottom=[], error=f"{type(exc).__name__}: {exc}")
+        page = _load_page(pdf, index)
+        if page is None:
+            unloadable.add(index)
+            page_text = pdf_layout.PageText(blocks=[], lines_top=[], lines_bottom=[], error=UNLOADABLE_PAGE)
+        else:
+            try:
+                page_text = pdf_layout.extract_page(page, repairs)
+            except Exception as exc:  # noqa: BLE001 - one broken page must not lose the others
+                page_text = pdf_layout.PageText(blocks=[], lines_top=[], lines_bottom=[], error=f"{type(exc).__name__}: {exc}")
+            finally:
+                page.close()
         removed += page_text.removed_control_chars
         pages.append(page_text)
-        page.close()
         if progress is not None and (index % 25 == 24 or index == n_pages - 1):
             progress(index + 1, n_pages)
 
     chars = [p.char_count for p in pages]
     # image checks are cheap but not free: only pages with little text need them
-    has_image = [c < IMAGE_ONLY_CHARS and _page_has_image(pdf[i]) for i, c in enumerate(chars)]
+    has_image = [c < IMAGE_ONLY_CHARS and i not in unloadable and _image_on(pdf, i) for i, c in enumerate(chars)]
     pdf_class = classify(chars, has_image)
     stats: dict[str, Any] = {"pdf_class": pdf_class, "page_errors": sum(1 for p in pages if p.error)}
     if repairs:
@@ -151,7 +195,7 @@ def _extract(
     if overall is not None and overall < POOR_LAYER_QUALITY:
         layer_quality = [text_layer_quality(p.plain_text()) if p.char_count >= PAGE_OCR_CHARS else None for p in pages]
     poor_layer = [
-        i for i, q in enumerate(layer_quality) if q is not None and q < POOR_LAYER_QUALITY and _page_has_image(pdf[i])
+        i for i, q in enumerate(layer_quality) if q is not None and q < POOR_LAYER_QUALITY and _image_on(pdf, i)
     ]
     stats["poor_text_layer_pages"] = [i + 1 for i in poor_layer]
 
@@ -209,6 +253,12 @@ def _extract(
         if skipped:
             limit = f" ({time_limit_s:g} s)" if time_limit_s else ""
             raise ExtractionLimitError(f"time limit exceeded{limit}: OCR of {len(todo)} page(s) does not fit")
+        if unloadable:
+            raise NoTextError(f"no text: malformed PDF: {len(unloadable):,} of {n_pages:,} page(s) cannot be loaded "
+                              "(broken page tree: too deep, cyclic or a missing object)")
+        if stats["page_errors"]:
+            first = next(p.error for p in pages if p.error)
+            raise NoTextError(f"no text: {stats['page_errors']:,} of {n_pages:,} page(s) could not be read ({first})"[:500])
         raise NoTextError("no text: image-only PDF and OCR found no text" if todo else "no text: PDF has no text")
     low_quality_reason = None
     if poor_layer:

@@ -66,7 +66,8 @@ def _rebuild_error(class_name: str, reason: str) -> ExtractionError:
 
 
 def _worker_main(conn: Any, memory_mb: int) -> None:
-    """Worker loop: receive ``("extract", data, filename, mime, settings_dict, want_progress)``,
+    """Worker loop: receive ``("extract", data, filename, mime, settings_dict, want_progress)`` (``data``: the
+    bytes, or the path of a file to read them from),
     answer ``("ok", Extraction)`` or ``("error", class_name, reason)``; ``None`` stops it."""
     try:
         import resource
@@ -88,6 +89,16 @@ def _worker_main(conn: Any, memory_mb: int) -> None:
         if msg is None:
             return
         _, data, filename, mime, settings_dict, want_progress = msg
+        if isinstance(data, str):  # a file to read here, under this process' limits
+            try:
+                with open(data, "rb") as fh:
+                    data = fh.read()
+            except MemoryError:
+                conn.send(("error", "ExtractionLimitError", f"memory limit exceeded ({memory_mb} MB)"))
+                continue
+            except OSError as exc:
+                conn.send(("error", "ExtractionError", f"the fetched file could not be read: {exc.strerror or exc}"))
+                continue
 
         def progress(done: int, total: int) -> None:
             conn.send(("progress", done, total))
@@ -207,16 +218,18 @@ class Worker:
 
     def run(
         self,
-        data: bytes,
+        data: bytes | os.PathLike[str],
         filename: str,
         declared_mime: str | None,
         settings: Settings,
         progress: Callable[[int, int], None] | None = None,
     ) -> Extraction:
-        """Extract in the worker under the settings' limits (see module docstring)."""
+        """Extract in the worker under the settings' limits (see module docstring); ``data``: the bytes, or
+        a path the worker reads the bytes from (they then never pass through this process)."""
         timeout = float(settings.extraction_timeout_s)
         limit_mb = float(settings.extraction_memory_mb)
-        request = ("extract", data, filename, declared_mime, settings.model_dump(), progress is not None)
+        payload = data if isinstance(data, (bytes, bytearray)) else os.fspath(data)
+        request = ("extract", payload, filename, declared_mime, settings.model_dump(), progress is not None)
         for attempt in range(2):
             self._ensure()
             try:
@@ -311,7 +324,7 @@ class WorkerPool:
 
     def run(
         self,
-        data: bytes,
+        data: bytes | os.PathLike[str],
         filename: str,
         declared_mime: str | None,
         settings: Settings,

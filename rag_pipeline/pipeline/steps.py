@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import psycopg
@@ -24,11 +25,12 @@ import psycopg
 from rag_pipeline.chunking import Chunk, chunk_for_embedder
 from rag_pipeline.config import Settings
 from rag_pipeline.embedding.base import Embedder, EmbeddingError
-from rag_pipeline.extraction.types import DocumentTooLargeError, Extraction, ExtractionError, NoTextError
+from rag_pipeline.extraction.types import Extraction, ExtractionError, NoTextError
 from rag_pipeline.faults import checkpoint
 from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.pipeline.plan import Decision
-from rag_pipeline.sources.base import DocumentSkipped, Source, SourceDocument, SourceError
+from rag_pipeline.pipeline.spool import Spool, check_size
+from rag_pipeline.sources.base import DocumentSkipped, Source, SourceDocument, SourceError, fetch_into
 from rag_pipeline.store import index as idx
 from rag_pipeline.store import write as w
 from rag_pipeline.store.index import IndexedDocument
@@ -104,15 +106,6 @@ def finish(ctx: RunContext, outcome: DocumentOutcome) -> DocumentOutcome:
     return outcome
 
 
-def _check_size(size: int | None, settings: Settings) -> None:
-    """Raise ``DocumentTooLargeError`` when ``size`` (bytes; ``None``: unknown) exceeds
-    ``settings.max_document_mb`` (0: no cap)."""
-    cap = settings.max_document_mb
-    if size is not None and cap > 0 and size > cap * 1024 * 1024:
-        raise DocumentTooLargeError(f"too large: {size / (1024 * 1024):,.1f} MB, over the {cap:,} MB cap "
-                                    "(RAG_MAX_DOCUMENT_MB)")
-
-
 def classify(exc: BaseException) -> tuple[str, str]:
     """``(reason, kind)`` of a step's exception, ``kind`` one of ``store.write.FAILURE_KINDS``: empty or
     no text -> ``skipped``; deterministic content errors, a limit exceeded on this content (size, time,
@@ -175,11 +168,12 @@ def update_metadata(ctx: RunContext, work: Work, document_id: int, *, sha: str |
         duration_s=time.perf_counter() - started if started else 0.0))
 
 
-def extract_or_reuse(conn: psycopg.Connection, content_sha256: str, data: bytes, doc: SourceDocument,
+def extract_or_reuse(conn: psycopg.Connection, content_sha256: str, data: bytes | Path, doc: SourceDocument,
                      settings: Settings) -> Extraction:
     """The document's ``Extraction``: the Markdown already stored for a completed document with the same
-    content hash (stats marked ``reused_extraction``), else ``extraction.extract`` on ``data`` with the
-    source's file name (``metadata["filename"]``, else the title, else the id). Raises ``ExtractionError``."""
+    content hash (stats marked ``reused_extraction``), else ``extraction.extract`` on ``data`` (the bytes, or
+    the spool file the worker reads itself) with the source's file name (``metadata["filename"]``, else the
+    title, else the id). Raises ``ExtractionError``."""
     stored = idx.stored_extraction(conn, content_sha256)
     if stored is not None:
         return Extraction(stored.markdown, stored.mime_type, stored.doc_type, stored.page_count,
@@ -207,29 +201,40 @@ def fetch_and_extract(ctx: RunContext, source: Source | None, work: Work, *,
     try:
         if work.doc.skip_reason:
             raise DocumentSkipped(work.doc.skip_reason)
-        if work.data is None:
-            _check_size(work.doc.size, ctx.settings)  # the listing's size: refused without reading it
-        if work.data is None and source is None:
+        if work.data is not None:  # an attachment, extracted from its parent by the worker
+            sha = _sha256(work.data)
+            return _extract_fetched(ctx, work, document_id, sha, work.data, len(work.data), started, reuse)
+        check_size(work.doc.size, ctx.settings.max_document_mb)  # the listing's size: refused without reading it
+        if source is None:
             raise SourceError(f"{work.doc.source_id}: no source to fetch it from")
-        data = work.data if work.data is not None else source.fetch(work.doc)
-        checkpoint("pipeline.after_fetch")
-        sha = _sha256(data)
-        if i is not None and i.status == "completed" and i.complete and sha == i.content_sha256:
-            return update_metadata(ctx, work, document_id, sha=sha, started=started)
-        if (i is not None and i.status in ("permanently_failed", "skipped") and sha == i.seen_sha256
-                and work.decision == Decision.CHECK):
-            return DocumentOutcome(work.doc.source_id, work.doc.title, Action.UNCHANGED, i.status, i.last_error,
-                                   document_id, duration_s=time.perf_counter() - started)
-        _check_size(len(data), ctx.settings)  # a source that does not report sizes, or an attachment
-        extraction = (reuse(sha) if reuse else None) or extract_or_reuse(ctx.conn, sha, data, work.doc, ctx.settings)
-        checkpoint("pipeline.after_extract")
-        return Prepared(work, document_id, sha, extraction, started)
+        with Spool(ctx.settings.max_document_mb) as spool:  # streamed to a private file, capped as it arrives
+            fetch_into(source, work.doc, spool)
+            sha = spool.sha256
+            return _extract_fetched(ctx, work, document_id, sha, spool.finish(), spool.size, started, reuse)
     except psycopg.Error:
         raise
     except Exception as exc:  # one bad document never stops the others
         if not isinstance(exc, (DocumentSkipped, ExtractionError, SourceError)):
             log.exception("unexpected error on %s", work.doc.source_id)
         return fail(ctx, work, document_id, exc, sha=sha, started=started)
+
+
+def _extract_fetched(ctx: RunContext, work: Work, document_id: int, sha: str, data: bytes | Path, size: int,
+                     started: float, reuse: Callable[[str], Extraction | None] | None) -> Prepared | DocumentOutcome:
+    """``fetch_and_extract`` once the content is read (``data``: bytes or the spool file, ``size`` bytes,
+    ``sha`` its hex SHA-256): unchanged content ends here, else extract (or reuse) it."""
+    checkpoint("pipeline.after_fetch")
+    i = work.indexed
+    if i is not None and i.status == "completed" and i.complete and sha == i.content_sha256:
+        return update_metadata(ctx, work, document_id, sha=sha, started=started)
+    if (i is not None and i.status in ("permanently_failed", "skipped") and sha == i.seen_sha256
+            and work.decision == Decision.CHECK):
+        return DocumentOutcome(work.doc.source_id, work.doc.title, Action.UNCHANGED, i.status, i.last_error,
+                               document_id, duration_s=time.perf_counter() - started)
+    check_size(size, ctx.settings.max_document_mb)  # an attachment (a streamed fetch is capped as it arrives)
+    extraction = (reuse(sha) if reuse else None) or extract_or_reuse(ctx.conn, sha, data, work.doc, ctx.settings)
+    checkpoint("pipeline.after_extract")
+    return Prepared(work, document_id, sha, extraction, started)
 
 
 def chunk(ctx: RunContext, p: Prepared, embedder: Embedder) -> Prepared | DocumentOutcome:

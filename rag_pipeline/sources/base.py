@@ -9,6 +9,11 @@ A source hides its API behind three calls (see ``../shared/notes/DESIGN.md``):
   and the next cursor. Sources without a feed raise ``ChangeFeedUnavailable`` and the sync falls
   back to a full inventory. The cursor is saved by the sync only after it has committed.
 * ``fetch(document)`` -> ``bytes``: the document's content (download, export or disk read).
+  A connector that can stream also has ``fetch_to(document, out)``: it writes the content to ``out`` in
+  pieces as they arrive (``StreamingSource``). The pipeline always reads through ``fetch_into`` below, which
+  uses ``fetch_to`` when there is one, so the sync process never holds a whole large file: ``out`` is the
+  pipeline's spool file, and its ``write`` raises ``DocumentTooLargeError`` once the size cap is passed
+  (connectors let that error through: it is neither an ``OSError`` nor a ``SourceError``).
 
 Who may read each document (``PermissionSource``, see ``rag_pipeline/permissions/``):
 
@@ -27,7 +32,10 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
+
+FETCH_PIECE_BYTES = 1024 * 1024
+"""Size of the pieces a streaming connector reads and writes (bytes; a connector may use less)."""
 
 
 class SourceError(Exception):
@@ -132,6 +140,38 @@ class Source(Protocol):
         """Return the bytes of ``document``; raise ``SourceError`` (transient) or
         ``DocumentSkipped`` (terminal, with a reason)."""
         ...
+
+
+@runtime_checkable
+class StreamingSource(Protocol):
+    """A source that can write a document's content in pieces (every built-in connector)."""
+
+    def fetch_to(self, document: SourceDocument, out: BinaryIO) -> None:
+        """Write the bytes of ``document`` to ``out`` in pieces of at most ``FETCH_PIECE_BYTES``, as they
+        arrive; same errors as ``Source.fetch``. An exception raised by ``out.write`` (the size cap) must
+        propagate unchanged: stop reading and let it through."""
+        ...
+
+
+def fetch_into(source: Source, document: SourceDocument, out: BinaryIO) -> None:
+    """Write ``document``'s bytes to ``out``: ``source.fetch_to`` when the source streams, else the
+    whole of ``source.fetch`` at once (a third-party source without ``fetch_to``; the size cap then
+    applies after that read). Raises what the source raises, and what ``out.write`` raises."""
+    fetch_to = getattr(source, "fetch_to", None)
+    if callable(fetch_to):
+        fetch_to(document, out)
+    else:
+        out.write(source.fetch(document))
+
+
+def fetch_via(fetch_to: Any, document: SourceDocument) -> bytes:
+    """``Source.fetch`` for a streaming connector: the bytes ``fetch_to(document, buffer)`` writes (for
+    callers that want bytes; the pipeline streams)."""
+    import io
+
+    buffer = io.BytesIO()
+    fetch_to(document, buffer)
+    return buffer.getvalue()
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import BinaryIO
 
 from rag_pipeline.permissions.principals import EVERYONE, parse_principal
 from rag_pipeline.sources.base import (
+    FETCH_PIECE_BYTES,
     ChangeFeedUnavailable,
     ChangeSet,
     GroupMembers,
@@ -105,6 +107,7 @@ from rag_pipeline.sources.base import (
     Scope,
     SourceDocument,
     SourceError,
+    fetch_via,
 )
 
 log = logging.getLogger(__name__)
@@ -175,6 +178,39 @@ def check_id(source_id: str) -> list[str]:
     return parts
 
 
+_UNDECODABLE_RE = re.compile(r"\\x([89a-f][0-9a-f])")
+"""``\\xNN`` in an id: a byte of a file name that is not UTF-8 (``display_name``)."""
+
+
+def display_name(name: str) -> str:
+    """A file name as it appears in ids: ``name`` (from ``os.fsdecode``), with each byte that is not UTF-8
+    (a lone surrogate ``\\udcNN``, which no database text can hold) written ``\\xNN``, e.g. Latin-1
+    ``caf\\xe9.txt``. ``fs_name`` turns it back."""
+    if not any("\udc80" <= c <= "\udcff" for c in name):
+        return name
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def fs_name(directory: Path, segment: str) -> str:
+    """The file name in ``directory`` an id segment stands for: the segment itself when it has no
+    ``\\xNN`` or a file of that very name exists, else the name with those bytes (``display_name``
+    reversed). Reads only ``lstat``."""
+    if "\\x" not in segment or os.path.lexists(directory / segment):
+        return segment
+    return _UNDECODABLE_RE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), segment)
+
+
+def fs_parts(root: Path, parts: Sequence[str]) -> list[str]:
+    """``fs_name`` of each segment of a ``check_id``-ed id, walking from ``root``."""
+    out: list[str] = []
+    here = root
+    for segment in parts:
+        name = fs_name(here, segment)
+        out.append(name)
+        here = here / name
+    return out
+
+
 def _inside(path: Path, root: Path) -> bool:
     return path != root and path.is_relative_to(root)
 
@@ -186,7 +222,7 @@ def resolve_inside(root: Path, source_id: str) -> Path:
     be resolved (missing, permission denied). Reads no content."""
     parts = check_id(source_id)
     try:
-        real = Path(os.path.realpath(root.joinpath(*parts), strict=True))
+        real = Path(os.path.realpath(root.joinpath(*fs_parts(root, parts)), strict=True))
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise IdRefused(source_id, "symlink loop") from None
@@ -570,19 +606,25 @@ class LocalFolderSource:
         root = self.root
         st = os.stat(root)
         followed: set[tuple[int, int]] = set()
-        stack = [(root, "", frozenset({(st.st_dev, st.st_ino)}))]
+        stack = [(root, "", "", frozenset({(st.st_dev, st.st_ino)}))]
         while stack:
-            real_dir, prefix, chain = stack.pop()
+            real_dir, prefix, fs_prefix, chain = stack.pop()
             try:
                 with os.scandir(real_dir) as it:
-                    entries = sorted(it, key=lambda e: e.name)
+                    entries = sorted(it, key=lambda e: display_name(e.name))
             except OSError as err:
                 raise ListingIncompleteError(
                     f"listing {self.root} failed part-way at {err.filename or real_dir}: {err.strerror}") from err
+            names = {e.name for e in entries}
             subdirs = []
             for entry in entries:
-                rel = prefix + entry.name
-                path = root / rel
+                shown = display_name(entry.name)
+                if shown != entry.name and shown in names:  # its id would name the other file
+                    log.warning("%s: file name not UTF-8 and its id %r is another file's name: not listed",
+                                self.name, prefix + shown)
+                    continue
+                rel = prefix + shown
+                path = root / (fs_prefix + entry.name)
                 try:
                     is_link = entry.is_symlink()
                 except OSError:
@@ -601,7 +643,8 @@ class LocalFolderSource:
                     except OSError:
                         key = None  # scandir of it fails and says why
                     if key not in chain:  # (a directory on its own path: only a bind-mount loop)
-                        subdirs.append((Path(entry.path), rel + "/", chain | {key} if key else chain))
+                        subdirs.append((Path(entry.path), rel + "/", fs_prefix + entry.name + "/",
+                                        chain | {key} if key else chain))
                     continue
                 try:
                     target = Path(os.path.realpath(entry.path, strict=True))
@@ -624,7 +667,7 @@ class LocalFolderSource:
                     log.debug("%s: %s: directory already followed through another link", self.name, rel)
                 else:
                     followed.add(key)
-                    subdirs.append((target, rel + "/", chain | {key}))
+                    subdirs.append((target, rel + "/", fs_prefix + entry.name + "/", chain | {key}))
             stack.extend(reversed(subdirs))
 
     def _require_root(self) -> None:
@@ -677,7 +720,7 @@ class LocalFolderSource:
             return None
         here = self.root
         for part in parts[:-1]:
-            here = here / part
+            here = here / fs_name(here, part)
             try:
                 st = os.lstat(here)
             except OSError as err:
@@ -696,7 +739,7 @@ class LocalFolderSource:
                 return self._listed(source_id)
             if not stat.S_ISDIR(st.st_mode):
                 return None
-        path = here / parts[-1]
+        path = here / fs_name(here, parts[-1])
         try:
             st = os.lstat(path)
         except OSError as err:
@@ -728,21 +771,34 @@ class LocalFolderSource:
         raise ChangeFeedUnavailable("a local folder has no change feed")
 
     def fetch(self, document: SourceDocument) -> bytes:
-        """Read the file's bytes: ``source_id`` resolved inside the root (module docstring: containment).
+        """The file's bytes (``fetch_to`` into memory; the pipeline streams instead)."""
+        return fetch_via(self.fetch_to, document)
+
+    def fetch_to(self, document: SourceDocument, out: BinaryIO) -> None:
+        """Write the file's bytes to ``out`` in pieces of ``FETCH_PIECE_BYTES``: ``source_id`` resolved
+        inside the root (module docstring: containment).
 
         Raises ``IdRefused`` (a ``SourceError``, not transient) naming the id and the reason for an id that
         is malformed, excluded by the patterns, leaves the root (``..``, a symlink) or is not a regular
         file; ``SourceError`` (transient) naming the file and the OS reason when it vanished or cannot be
-        read. Nothing outside the root is opened."""
+        read; whatever ``out.write`` raises (the size cap), unchanged. Nothing outside the root is opened."""
         sid = document.source_id
         check_id(sid)
         if not self._selected(sid):
             raise IdRefused(sid, "excluded by the source's include/exclude patterns")
         try:
-            with os.fdopen(self._read_fd(sid), "rb") as fh:
-                return fh.read()
+            fh = os.fdopen(self._read_fd(sid), "rb")
         except OSError as err:
             raise SourceError(f"cannot read {sid}: {err.strerror or err}") from err
+        with fh:
+            while True:
+                try:
+                    piece = fh.read(FETCH_PIECE_BYTES)
+                except OSError as err:
+                    raise SourceError(f"cannot read {sid}: {err.strerror or err}") from err
+                if not piece:
+                    return
+                out.write(piece)
 
     # ---------------------------------------------------------------- permissions
 
@@ -797,7 +853,7 @@ class LocalFolderSource:
             if real is None:
                 result[sid] = Scope.unreadable(reason or "refused")
                 continue
-            rel = real.relative_to(self.root).as_posix()
+            rel = "/".join(display_name(part) for part in real.relative_to(self.root).parts)
             if acl is not None:
                 rule = acl.rule_for(rel)
                 result[sid] = (Scope.of(rule.principals) if rule is not None else Scope.unreadable(
