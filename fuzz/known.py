@@ -11,7 +11,6 @@ _R = "rag_pipeline_tests/test_fuzz_regressions.py::"
 KNOWN: list[tuple[str, ...]] = [
     # (exception type, file of the innermost rag_pipeline/fuzz frame, regression test[, text in the message
     # [, target]])
-    ("AssertionError", "fuzz/target_partitions.py", _R + "test_partition_key_length_is_bounded", "bytes (id of"),
     ("TypeError", "rag_pipeline/sources/zotero.py", _R + "test_zotero_item_with_fields_of_the_wrong_type"),
     ("OverflowError", "rag_pipeline/sources/zotero.py", _R + "test_zotero_item_with_fields_of_the_wrong_type"),
     ("TypeError", "rag_pipeline/sources/gdrive.py", _R + "test_gdrive_file_resource_with_a_malformed_size"),

@@ -241,3 +241,36 @@ def test_index_versions_unique_fails_on_mixed_versions(instance, tmp_path, datab
     assert evals["index_versions_unique"].metadata["documents_with_mixed_versions"].value == 1
     assert evals["index_versions_unique"].metadata["examples"].value == [
         {"source": f"local:{folder}", "source_id": "tides.txt", "versions": [1, 2]}]
+
+
+def test_a_deep_path_gets_a_digest_key_and_materializes(instance, tmp_path, database_url, store):
+    """An id whose escaped key would pass ``MAX_KEY_BYTES`` (Dagster's PostgreSQL storage indexes partition
+    keys; a btree entry holds ~2,700 bytes) gets a digest key; the run resolves it to the id and indexes the
+    document. A digest key that names no listed document is refused: no row, nothing fetched."""
+    from rag_pipeline.defs.documents.partitions import MAX_KEY_BYTES, is_digest_key, parse_document_partition_key
+
+    root = tmp_path / "docs"
+    parts = ["répertoire"] * 95
+    root.joinpath(*parts).mkdir(parents=True)
+    root.joinpath(*parts, "deep.md").write_text("# Deep\n\nThe archive kept its oldest maps at the very bottom.\n")
+    sid = "/".join([*parts, "deep.md"])
+    assert len(f"docs:{sid}".encode()) > MAX_KEY_BYTES  # the plain key would be over the bound
+    spec = spec_for(root)
+    resources = resources_for(database_url, [spec])
+    (key,) = keys_for(spec, [sid])
+    assert is_digest_key(key) and len(key.encode()) <= MAX_KEY_BYTES
+    assert parse_document_partition_key(key) == ("docs", key.partition(":")[2])
+
+    result = materialize_document(instance, resources, key)
+    assert metadata_of(result, "document_embeddings")[key]["action"] == "added"
+    assert check_results(result, "chunk_count_complete")[key].passed
+    assert _row(store, sid)[:2] == ("completed", 1)
+    again = materialize_document(instance, resources, key)  # resolved from the index row this time
+    assert metadata_of(again, "document_markdown")[key]["skip_reason"] == "content unchanged"
+
+    bogus = "docs:%#" + "0" * 64
+    result = materialize_document(instance, resources, bogus, raise_on_error=False)
+    reason = metadata_of(result, "document_markdown")[bogus]["skip_reason"]
+    assert reason == f"partition {bogus[:80]}... names no document of source {LocalFolderSource(root).name}: refused"
+    with store.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM documents").fetchone()[0] == 1

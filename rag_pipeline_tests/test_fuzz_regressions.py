@@ -64,19 +64,13 @@ def test_html_rowspan_is_clipped_at_the_end_of_the_table():
 # --- defs/documents/partitions.py ----------------------------------------------------------------
 
 
-@_xfail("partitions.py: keys are unbounded; Dagster's PostgreSQL storage indexes (partitions_def_name, partition) "
-        "and a btree entry holds ~2,704 bytes (a 2,880-byte key fails 'index row size exceeds'); a deep NAS path "
-        "escaped 3x goes over. fix: ValueError over e.g. 1,000 bytes (callers in defs/sources skip the document "
-        "with a reason) or a hashed key")
 def test_partition_key_length_is_bounded():
-    from rag_pipeline.defs.documents.partitions import document_partition_key
+    from rag_pipeline.defs.documents.partitions import MAX_KEY_BYTES, document_partition_key, resolve_digest_key
 
     source_id = "/".join(["répertoire"] * 300)
-    try:
-        key = document_partition_key("docs", source_id)
-    except ValueError:
-        return
-    assert len(key.encode("utf-8")) <= 2000
+    key = document_partition_key("docs", source_id)  # a digest key (``partitions`` module docstring)
+    assert len(key.encode("utf-8")) <= MAX_KEY_BYTES == 1000
+    assert resolve_digest_key(key, ["a", source_id + "x", source_id]) == source_id
 
 
 def test_partition_key_of_an_undecodable_file_name():

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 import dagster as dg
 
-from rag_pipeline.defs.documents.partitions import documents, parse_document_partition_key
+from rag_pipeline.defs.documents.partitions import documents, parse_document_partition_key, resolve_partitions
 from rag_pipeline.defs.ingestion.resources import (
     EmbedderResource,
     NotifierResource,
@@ -25,7 +25,7 @@ from rag_pipeline.defs.ingestion.resources import (
 from rag_pipeline.pipeline import staged, steps
 from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.pipeline.steps import Prepared, RunContext
-from rag_pipeline.sources.base import SourceError
+from rag_pipeline.sources.base import SourceDocument, SourceError
 from rag_pipeline.store import checks as check_sql
 from rag_pipeline.store.staging import document_from_json
 
@@ -88,17 +88,22 @@ def run_context(context: dg.AssetExecutionContext, conn, source: str, settings) 
 
 def run_steps(context: dg.AssetExecutionContext, rag_settings: SettingsResource, store: StoreResource,
               embedder: EmbedderResource, sources: SourcesResource, notifier: NotifierResource,
-              step: Callable[[RunContext, object, list[str]], Mapping[str, DocumentOutcome | Prepared]]) -> None:
-    """Run ``step(ctx, source, source_ids)`` per source of this run's partitions, record per-partition
-    metadata, alert on newly permanent failures, and fail the step when a document failed transiently."""
+              step: Callable[[RunContext, object, list[str]], Mapping[str, DocumentOutcome | Prepared]], *,
+              listing: SourceDocument | None = None) -> None:
+    """Run ``step(ctx, source, source_ids)`` per source of this run's partitions (digest keys resolved with
+    ``partitions.resolve_partitions``, the run's ``listing`` first), record per-partition metadata, alert on
+    newly permanent failures, and fail the step when a document failed transiently."""
     settings = rag_settings.settings()
     index = store.open(settings, embedder.get(settings))
     outcomes: dict[str, DocumentOutcome | Prepared] = {}
     with index.connection() as conn:
-        for name, items in _by_source(context.partition_keys).items():
+        for name, keys in _by_source(context.partition_keys).items():
             source = sources.build(name)
-            done = step(run_context(context, conn, source.name, settings), source, [sid for _, sid in items])
-            outcomes.update({key: done[sid] for key, sid in items})
+            ids, refused = resolve_partitions(conn, source, keys, listing)
+            outcomes.update({key: DocumentOutcome(key, None, Action.FAILED, None, why, transient=why.startswith("cannot"))
+                             for key, why in refused.items()})
+            done = step(run_context(context, conn, source.name, settings), source, list(dict.fromkeys(ids.values())))
+            outcomes.update({key: done[sid] for key, sid in ids.items()})
             steps.notify_permanent(notifier.get(), source.name, [o for o in done.values()
                                                                  if isinstance(o, DocumentOutcome)],
                                    max_failures=settings.max_failures)
@@ -112,11 +117,10 @@ def run_steps(context: dg.AssetExecutionContext, rag_settings: SettingsResource,
                          metadata={"failed_partitions": dg.MetadataValue.json(errors)})
 
 
-def _by_source(keys: list[str]) -> dict[str, list[tuple[str, str]]]:
-    grouped: dict[str, list[tuple[str, str]]] = {}
+def _by_source(keys: list[str]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
     for key in keys:
-        name, sid = parse_document_partition_key(key)
-        grouped.setdefault(name, []).append((key, sid))
+        grouped.setdefault(parse_document_partition_key(key)[0], []).append(key)
     return grouped
 
 
@@ -140,7 +144,7 @@ def document_markdown(context: dg.AssetExecutionContext, config: MarkdownConfig,
             out[sid] = staged.stage_markdown(ctx, source, doc, model=model)
         return out
 
-    run_steps(context, rag_settings, store, embedder, sources, notifier, markdown)
+    run_steps(context, rag_settings, store, embedder, sources, notifier, markdown, listing=listing)
     return dg.MaterializeResult()
 
 
