@@ -4,7 +4,8 @@ A thin caller of ``rag_pipeline.pipeline`` (it never imports Dagster). ``sync`` 
 document attempted in this run ended well; 1 some documents failed in this run; 2 the listing was
 incomplete or the deletion guard tripped (nothing was deleted); 3 another sync of the source was running
 (with ``--no-wait``); 4 the sync could not start (no such folder, unknown source kind, missing
-credentials, database unreachable). ``status`` exits 2 while a guard holds deletions back, else 1 while
+credentials, database unreachable). Every command exits 4 with one line when the embedded server refuses
+its data directory or the database is unreachable (``main``). ``status`` exits 2 while a guard holds deletions back, else 1 while
 any document is failed, else 0. Every name printed is plain text, never Rich markup.
 """
 
@@ -405,5 +406,22 @@ def psql(ctx: typer.Context) -> None:
     raise typer.Exit(subprocess.call(argv, env=env))
 
 
+def main() -> None:
+    """The ``rag-pipeline`` console script: ``app``, with the failures that stop any command before it can
+    start (the embedded server refusing its data directory, the database unreachable) printed as one line
+    (secrets redacted) and exit code 4, instead of a traceback."""
+    import psycopg
+
+    from rag_pipeline.redact import redact
+    from rag_pipeline.store.embedded import EmbeddedServerError
+
+    try:
+        app()
+    except (EmbeddedServerError, psycopg.OperationalError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        console.print(f"[red]error:[/red] {escape(redact(f'{type(exc).__name__}: {first}'))}")
+        sys.exit(EXIT_CANNOT_RUN)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -183,14 +183,18 @@ def test_the_session_server_socket_is_private(pg_server):
 
 
 @pytest.mark.slow
-def test_the_cli_reports_a_too_long_data_dir_in_one_line(tmp_path):
+@pytest.mark.parametrize("command", [["sync", "{folder}"], ["status"], ["sources", "list"],
+                                     ["query", "heron", "--admin"], ["psql", "-c", "SELECT 1"]],
+                         ids=["sync", "status", "sources", "query", "psql"])
+def test_the_cli_reports_a_too_long_data_dir_in_one_line(tmp_path, command):
     path = _data_dir(tmp_path, SOCKET_PATH_MAX + 10)
     folder = tmp_path / "notes"
     folder.mkdir()
     (folder / "a.txt").write_text("hello")
     env = {k: v for k, v in os.environ.items() if k not in ("RAG_DATABASE_URL", "PGPORT")}
     env.update(RAG_EMBEDDED_PG_DIR=str(path), HF_HUB_OFFLINE="1", COLUMNS="400")
-    run = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", "sync", str(folder)], check=False, env=env,
+    argv = [a.format(folder=folder) for a in command]
+    run = subprocess.run([sys.executable, "-m", "rag_pipeline.cli", *argv], check=False, env=env,
                          capture_output=True, text=True, timeout=300)
     out = run.stdout + run.stderr
     assert run.returncode == 4, out
