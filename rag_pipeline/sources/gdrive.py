@@ -21,12 +21,26 @@ Change feed
     resolve without a full listing (an in-scope folder trashed, deleted or moved) raises
     :class:`ChangeFeedUnavailable`, and the sync falls back to full reconciliation.
 
-Fetch
+Fetch (streamed: :meth:`GoogleDriveSource.fetch_to`)
     Google-native Docs, Sheets, Slides and Drawings are exported (``files.export``) to DOCX, XLSX,
     PPTX and PDF (or the next format ``about.exportFormats`` offers), never downloaded with
     ``get_media``; other native types (Forms, Sites, ...) are listed with a ``skip_reason``. An
     export refused for size (``exportSizeLimitExceeded``) or a file Drive will not serve raises
-    :class:`DocumentSkipped` for that document only.
+    :class:`DocumentSkipped` for that document only. Both go through ``MediaIoBaseDownload``: one
+    ``Range`` request per ``FETCH_PIECE_BYTES`` (each retried on its own, nothing written twice), so a
+    download never holds more than one piece. Drive honours ``Range`` on ``get_media``; an export
+    answered in one ``200`` (a server that ignores ``Range``) arrives whole, up to Drive's export
+    limit (about 10 MB), and is still written in pieces.
+
+Boundary checks
+    Every answer is checked for its shape before use: a page (``files.list``, ``changes.list``,
+    ``files.get``, the start token) that is not an object, or whose ``files``/``changes`` is not a
+    list, or whose page token is not a string, raises :class:`ListingIncompleteError`. A file resource
+    or change that is not an object, or whose id is not a usable string, is skipped with a log line and
+    the listing or change set is marked incomplete (``complete=False``: nothing is deleted, the cursor
+    is not kept). Other fields are used only with their documented type (else as if absent); ``size``
+    only from a string of ASCII digits or a non-negative int. In permission data a field of the wrong
+    type makes that document ``Scope.unreadable`` (a group's members: that group in ``errors``).
 
 Permissions (:meth:`GoogleDriveSource.permissions`, fail closed)
     A document's readers are its Drive ``Permission`` resources, inherited ones included (Drive
@@ -74,12 +88,13 @@ import binascii
 import json
 import logging
 import os
+import re
 import socket
 import zlib
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace as _replace_fields
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 
 import google.auth.credentials
 import google.auth.exceptions
@@ -88,11 +103,13 @@ import httplib2
 from googleapiclient import discovery_cache
 from googleapiclient.discovery import build_from_document
 from googleapiclient.errors import HttpError
+from googleapiclient.http import MediaIoBaseDownload
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from rag_pipeline.permissions import principals as pr
 from rag_pipeline.sources.http import parse_retry_after
 from rag_pipeline.sources.base import (
+    FETCH_PIECE_BYTES,
     ChangeFeedUnavailable,
     ChangeSet,
     DocumentSkipped,
@@ -103,6 +120,7 @@ from rag_pipeline.sources.base import (
     Scope,
     SourceDocument,
     SourceError,
+    fetch_via,
 )
 
 log = logging.getLogger(__name__)
@@ -213,6 +231,107 @@ def _retry_after_s(exc: BaseException | None) -> float | None:
     return parse_retry_after(exc.resp.get("retry-after") if hasattr(exc.resp, "get") else None)
 
 
+# --------------------------------------------------------------------------------------------
+# field checks (Drive answers are JSON of any shape until checked)
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_MAX_SIZE_DIGITS = 19
+_MAX_CURSOR_BYTES = 256 * 1024 * 1024
+"""Most bytes a cursor's compressed JSON may expand to (a larger one is refused as corrupt)."""
+
+T = TypeVar("T")
+
+
+class _Malformed(Exception):
+    """An answer of the wrong shape (``ValueError``-like, raised inside the connector only)."""
+
+
+def _text(value: Any) -> str | None:
+    """``value`` when it is a string (lone surrogates, which UTF-8 cannot encode, as U+FFFD), else ``None``."""
+    if not isinstance(value, str):
+        return None
+    return _LONE_SURROGATE.sub("\ufffd", value)
+
+
+def _drive_id(value: Any) -> str | None:
+    """A usable Drive id (or page token): a non-empty string UTF-8 can encode, without control characters;
+    else ``None``."""
+    if isinstance(value, str) and value and not _LONE_SURROGATE.search(value) and not _CONTROL.search(value):
+        return value
+    return None
+
+
+def _ids(value: Any) -> list[str]:
+    """The usable ids in a list (``parents``); anything but a list: ``[]``."""
+    if not isinstance(value, list):
+        return []
+    return [v for v in value if _drive_id(v)]
+
+
+def _flag(mapping: Mapping[str, Any], key: str) -> bool:
+    """Whether ``mapping[key]`` is ``true`` (a JSON boolean; any other value counts as false)."""
+    return mapping.get(key) is True
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else ``{}``."""
+    return value if isinstance(value, dict) else {}
+
+
+def _size(value: Any) -> int | None:
+    """A byte count from Drive's ``size`` (an int64 sent as a string of digits, or an int); else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value < 2**63 else None
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= _MAX_SIZE_DIGITS:
+        number = int(value)
+        return number if number < 2**63 else None
+    return None
+
+
+def _file(value: Any) -> dict[str, Any] | None:
+    """A file resource with a usable ``id``, or ``None`` for anything else."""
+    if isinstance(value, dict) and _drive_id(value.get("id")):
+        return value
+    return None
+
+
+def _shortcut_target(item: Mapping[str, Any]) -> str | None:
+    """The target id of a shortcut resource when usable (``shortcutDetails.targetId`` a string id, the
+    target not a folder), else ``None``."""
+    details = _object(item.get("shortcutDetails"))
+    target = _drive_id(details.get("targetId"))
+    return target if target and details.get("targetMimeType") != FOLDER_MIME else None
+
+
+_PERMISSION_FIELD_TYPES: Mapping[str, type] = {
+    "type": str, "role": str, "emailAddress": str, "domain": str, "view": str, "expirationTime": str,
+    "deleted": bool, "allowFileDiscovery": bool,
+}
+"""The ``Permission`` fields :meth:`GoogleDriveSource._principal` reads, with the JSON type each must have."""
+
+
+def _check_principal(principal: str) -> None:
+    """Raise :class:`_Malformed` for a principal the index cannot store or match as it is."""
+    if len(principal) > pr.MAX_PRINCIPAL_CHARS or _LONE_SURROGATE.search(principal) or _CONTROL.search(principal):
+        raise _Malformed("a grantee that is no storable principal (too long, a control character, a lone surrogate)")
+
+
+def _page_token(response: Mapping[str, Any], key: str, what: str) -> str | None:
+    """``response[key]`` (a page token): a non-empty string, ``None`` when absent or empty; raises
+    :class:`_Malformed` for any other type, or a string that cannot go into a URL (a lone surrogate, a
+    control character)."""
+    token = response.get(key)
+    if token is None or token == "":
+        return None
+    if not _drive_id(token):
+        raise _Malformed(f"{what} sent a {key} that is not a usable string")
+    return token
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Bounded retries for transient HTTP failures (429, 5xx, rate-limit 403, socket errors).
@@ -273,17 +392,70 @@ class _ScopeState:
 
     @classmethod
     def decode(cls, cursor: str) -> _ScopeState:
-        """Parse a cursor from :meth:`encode`; raises ``ValueError`` for anything else."""
-        if not cursor.startswith(_CURSOR_PREFIX):
+        """Parse a cursor from :meth:`encode`; raises ``ValueError`` for anything else: not a string, not
+        ``gdrive1:``, not base64/zlib/JSON (or expanding past 256 MiB), not an object of version 1 with a
+        page token ``t`` (a non-empty string without lone surrogates or control characters), ``f`` an object of folder id -> list of ids, ``s`` an object of
+        shortcut id -> target id (each id a non-empty string)."""
+        if not isinstance(cursor, str) or not cursor.startswith(_CURSOR_PREFIX):
             raise ValueError("not a gdrive cursor")
         try:
-            raw = zlib.decompress(base64.urlsafe_b64decode(cursor[len(_CURSOR_PREFIX) :]))
+            inflater = zlib.decompressobj()
+            raw = inflater.decompress(base64.urlsafe_b64decode(cursor[len(_CURSOR_PREFIX) :]), _MAX_CURSOR_BYTES)
+            if inflater.unconsumed_tail or not inflater.eof:
+                raise ValueError("truncated or oversized")
             data = json.loads(raw)
-        except (binascii.Error, zlib.error, ValueError) as exc:
+        except (binascii.Error, zlib.error, ValueError, RecursionError) as exc:
             raise ValueError("corrupt gdrive cursor") from exc
-        if data.get("v") != 1 or not isinstance(data.get("t"), str):
+        if not isinstance(data, dict) or type(data.get("v")) is not int or data["v"] != 1:
             raise ValueError("unknown gdrive cursor version")
-        return cls(token=data["t"], folders=dict(data.get("f", {})), shortcuts=dict(data.get("s", {})))
+        token, folders, shortcuts = data.get("t"), data.get("f", {}), data.get("s", {})
+        if not _drive_id(token):
+            raise ValueError("gdrive cursor without a usable page token")
+        if not isinstance(folders, dict) or not all(
+            _drive_id(k) and isinstance(v, list) and all(_drive_id(p) for p in v) for k, v in folders.items()
+        ):
+            raise ValueError("gdrive cursor with a malformed folder map")
+        if not isinstance(shortcuts, dict) or not all(_drive_id(k) and _drive_id(v) for k, v in shortcuts.items()):
+            raise ValueError("gdrive cursor with a malformed shortcut map")
+        return cls(token=token, folders={k: list(v) for k, v in folders.items()}, shortcuts=dict(shortcuts))
+
+
+# --------------------------------------------------------------------------------------------
+# streaming
+
+
+class _PieceWriter:
+    """The file object ``MediaIoBaseDownload`` writes to: passes what it gets on to ``out`` in pieces of
+    at most ``FETCH_PIECE_BYTES`` (a server that ignores ``Range`` sends one large body) and keeps the
+    exception ``out.write`` raised in ``error``, so that it is neither retried nor wrapped."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self.error: BaseException | None = None
+        self.written = 0
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        try:
+            for start in range(0, len(view), FETCH_PIECE_BYTES):
+                piece = view[start : start + FETCH_PIECE_BYTES]
+                self._out.write(data if len(piece) == len(view) else bytes(piece))
+                self.written += len(piece)
+        except BaseException as exc:
+            self.error = exc
+            raise
+        return len(view)
+
+
+def _next_piece(downloader: MediaIoBaseDownload, sink: _PieceWriter) -> Any:
+    """One ``next_chunk`` (no retries of its own); a malformed ``Content-Range``/``Content-Length`` (the
+    library's ``int()`` of it) raises :class:`_Malformed`, what ``sink`` raised propagates as it is."""
+    try:
+        return downloader.next_chunk(num_retries=0)
+    except (ValueError, KeyError, IndexError) as exc:
+        if exc is sink.error:
+            raise
+        raise _Malformed(f"Drive sent download headers that cannot be parsed ({type(exc).__name__})") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,6 +574,7 @@ class GoogleDriveSource:
         self._page_size = page_size
         self._retry = retry or RetryPolicy()
         self._export_formats: dict[str, list[str]] | None = None
+        self._malformed: list[str] = []
         client_options: dict[str, str] = {}
         if api_url:
             client_options["api_endpoint"] = api_url if api_url.endswith("/") else api_url + "/"
@@ -472,10 +645,16 @@ class GoogleDriveSource:
     def _execute(self, request: Any) -> Any:
         """Run one API request with the retry policy; HttpError / socket errors propagate, a
         failed token grant becomes a transient :class:`SourceError` naming only the OAuth error code."""
+        return self._call(lambda: request.execute(num_retries=0))
+
+    def _call(self, call: Callable[[], T], is_transient: Callable[[BaseException], bool] = _is_transient) -> T:
+        """``call()`` under the retry policy, retrying the exceptions ``is_transient`` accepts (default: 429,
+        5xx, rate-limit 403, socket errors); the last exception propagates, except a failed token grant,
+        which becomes a transient :class:`SourceError` naming only the OAuth error code."""
         try:
-            for attempt in self._retry.retrying(_is_transient, _retry_after_s):
+            for attempt in self._retry.retrying(is_transient, _retry_after_s):
                 with attempt:
-                    return request.execute(num_retries=0)
+                    return call()
         except google.auth.exceptions.RefreshError as exc:
             code = str(exc.args[0]).split(":", 1)[0] if exc.args else "unknown"
             raise SourceError(f"Google token request failed: {code}") from None
@@ -484,7 +663,10 @@ class GoogleDriveSource:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _list_files(self, q: str, file_fields: str = FILE_FIELDS) -> Iterator[dict[str, Any]]:
-        """Every file matching ``q``, all pages; raises ListingIncompleteError on any failure."""
+        """Every file matching ``q``, all pages; raises ListingIncompleteError on any failure, including a
+        page that is not an object, ``files`` that is not a list or a page token that is not a string.
+        A file that is not an object or lacks a usable ``id`` is skipped with a log line and noted in
+        ``self._malformed`` (the listing then reports itself incomplete)."""
         params: dict[str, Any] = {
             "q": q,
             "fields": f"nextPageToken,incompleteSearch,files({file_fields})",
@@ -508,46 +690,78 @@ class GoogleDriveSource:
                 raise ListingIncompleteError(f"files.list failed: {_describe(exc)}") from exc
             except (OSError, httplib2.HttpLib2Error) as exc:
                 raise ListingIncompleteError(f"files.list failed: {type(exc).__name__}") from exc
+            if not isinstance(response, dict):
+                raise ListingIncompleteError("files.list returned a page that is not an object")
             if response.get("incompleteSearch"):
                 raise ListingIncompleteError("files.list reported incompleteSearch")
-            yield from response.get("files", [])
-            page_token = response.get("nextPageToken")
+            items = response.get("files", [])
+            if not isinstance(items, list):
+                raise ListingIncompleteError("files.list returned a page whose files is not a list")
+            try:
+                page_token = _page_token(response, "nextPageToken", "files.list")
+            except _Malformed as exc:
+                raise ListingIncompleteError(str(exc)) from None
+            for item in items:
+                if _file(item) is None:
+                    self._note_malformed("files.list returned a file resource that is not an object with a string id")
+                    continue
+                yield item
             if not page_token:
                 return
             if page_token in seen_tokens:
                 raise ListingIncompleteError("files.list returned a page token it had returned before")
             seen_tokens.add(page_token)
 
+    def _note_malformed(self, what: str) -> None:
+        """Log an item skipped for its shape (never its content) and remember it for the listing's verdict."""
+        log.warning("gdrive: %s; skipped", what)
+        self._malformed.append(what)
+
     def _get_file(self, file_id: str) -> dict[str, Any] | None:
-        """``files.get`` metadata, or ``None`` when the file is gone or not visible (404)."""
+        """``files.get`` metadata, or ``None`` when the file is gone or not visible (404). Other HTTP errors
+        propagate; a socket error or an answer that is not a file resource with a string id raises
+        :class:`ListingIncompleteError`."""
         try:
-            return self._execute(
+            response = self._execute(
                 self._service.files().get(fileId=file_id, fields=FILE_FIELDS, supportsAllDrives=True)
             )
         except HttpError as exc:
             if _status(exc) == 404:
                 return None
             raise
+        except (OSError, httplib2.HttpLib2Error) as exc:
+            raise ListingIncompleteError(f"files.get failed: {type(exc).__name__}") from exc
+        item = _file(response)
+        if item is None:
+            raise ListingIncompleteError("files.get returned something that is not a file resource with a string id")
+        return item
 
     def _start_page_token(self) -> str:
+        """``changes.getStartPageToken``; raises :class:`ListingIncompleteError` on a failure or an answer
+        without a string ``startPageToken``."""
         try:
             response = self._execute(
                 self._service.changes().getStartPageToken(supportsAllDrives=True)
             )
         except HttpError as exc:
             raise ListingIncompleteError(f"changes.getStartPageToken failed: {_describe(exc)}") from exc
-        return str(response["startPageToken"])
+        except (OSError, httplib2.HttpLib2Error) as exc:
+            raise ListingIncompleteError(f"changes.getStartPageToken failed: {type(exc).__name__}") from exc
+        token = _object(response).get("startPageToken")
+        if not _drive_id(token):
+            raise ListingIncompleteError("changes.getStartPageToken returned no usable startPageToken")
+        return token
 
     # ---- scope --------------------------------------------------------------------------
 
     def _in_scope(self, item: Mapping[str, Any], folders: Mapping[str, Any]) -> bool:
         """Whether a (non-removed) file or folder lies in the scope, given the in-scope folders."""
-        if item.get("trashed"):
+        if _flag(item, "trashed"):
             return False
         if self.folder_id:
             if item.get("id") == self.folder_id:
                 return True
-            return any(parent in folders for parent in item.get("parents", []))
+            return any(parent in folders for parent in _ids(item.get("parents")))
         return item.get("driveId") == self.shared_drive_id
 
     def _walk(
@@ -565,19 +779,19 @@ class GoogleDriveSource:
         self, item: dict[str, Any], folders: dict[str, list[str]], files: dict[str, dict[str, Any]],
         shortcuts: dict[str, str], queue: list[str] | None = None,
     ) -> None:
-        mime = item.get("mimeType", "")
-        item_id = item.get("id")
+        mime = item.get("mimeType")
+        item_id = _drive_id(item.get("id"))
         if not item_id:
             return
         if mime == FOLDER_MIME:
             if item_id not in folders:
-                folders[item_id] = sorted(item.get("parents", [])) if self.folder_id else []
+                folders[item_id] = sorted(_ids(item.get("parents"))) if self.folder_id else []
                 if queue is not None:
                     queue.append(item_id)
         elif mime == SHORTCUT_MIME:
-            details = item.get("shortcutDetails") or {}
-            if details.get("targetId") and details.get("targetMimeType") != FOLDER_MIME:
-                shortcuts[item_id] = details["targetId"]
+            target = _shortcut_target(item)
+            if target:
+                shortcuts[item_id] = target
         else:
             files[item_id] = item
 
@@ -589,7 +803,7 @@ class GoogleDriveSource:
             if target_id in files:
                 continue
             target = self._get_file(target_id)
-            if target is None or target.get("trashed") or target.get("mimeType") in (FOLDER_MIME, SHORTCUT_MIME):
+            if target is None or _flag(target, "trashed") or target.get("mimeType") in (FOLDER_MIME, SHORTCUT_MIME):
                 log.info("gdrive: shortcut %s points at nothing usable (%s); ignored", shortcut_id, target_id)
                 del shortcuts[shortcut_id]
                 continue
@@ -600,10 +814,12 @@ class GoogleDriveSource:
     def list_documents(self) -> Inventory:
         """Full listing of the scope, with a change-feed cursor valid as of its start.
 
-        Raises :class:`ListingIncompleteError` when any page fails, a page token repeats, Drive
-        reports ``incompleteSearch``, or the scope folder is missing or trashed (so nothing is
-        ever reconciled against a short list).
+        Raises :class:`ListingIncompleteError` when any page fails or is malformed, a page token
+        repeats, Drive reports ``incompleteSearch``, or the scope folder is missing or trashed (so
+        nothing is ever reconciled against a short list). A file resource skipped for its shape makes
+        the inventory ``complete=False`` (its documents are still listed; nothing is deleted).
         """
+        self._malformed = []
         try:
             token = self._start_page_token()
             folders: dict[str, list[str]] = {}
@@ -611,7 +827,7 @@ class GoogleDriveSource:
             shortcuts: dict[str, str] = {}
             if self.folder_id:
                 root = self._get_file(self.folder_id)
-                if root is None or root.get("trashed") or root.get("mimeType") != FOLDER_MIME:
+                if root is None or _flag(root, "trashed") or root.get("mimeType") != FOLDER_MIME:
                     raise ListingIncompleteError(
                         f"scope folder {self.folder_id} is missing, trashed or not a folder"
                     )
@@ -625,6 +841,9 @@ class GoogleDriveSource:
             raise ListingIncompleteError(f"Drive listing failed: {_describe(exc)}") from exc
         documents = [self._to_document(item, shortcuts) for item in files.values()]
         state = _ScopeState(token=token, folders=folders, shortcuts=shortcuts)
+        if self._malformed:
+            return Inventory(documents=documents, complete=False, cursor=state.encode(),
+                             incomplete_reason=f"{len(self._malformed)} malformed item(s) skipped: {self._malformed[0]}")
         return Inventory(documents=documents, complete=True, cursor=state.encode())
 
     def changes(self, cursor: str | None) -> ChangeSet:
@@ -634,8 +853,10 @@ class GoogleDriveSource:
         page token, or an in-scope folder was trashed, deleted or moved (full reconciliation is
         then the only correct answer); :class:`ListingIncompleteError` when a page fails part-way.
         Deletions may name files the index never held (files that left the scope or were never
-        in it); the sync ignores those.
+        in it); the sync ignores those. A change or file skipped for its shape makes the change set
+        ``complete=False`` (the sync then keeps the old cursor and reads these changes again).
         """
+        self._malformed = []
         if not cursor:
             raise ChangeFeedUnavailable("no Drive change cursor stored yet")
         try:
@@ -644,29 +865,61 @@ class GoogleDriveSource:
             raise ChangeFeedUnavailable(f"unusable Drive cursor: {exc}") from None
         latest, new_token = self._read_changes(state.token)
         try:
-            return self._apply_changes(state, latest, new_token)
+            changes = self._apply_changes(state, latest, new_token)
         except HttpError as exc:
             raise ListingIncompleteError(f"Drive change resolution failed: {_describe(exc)}") from exc
+        if self._malformed:
+            return _replace_fields(
+                changes, complete=False,
+                incomplete_reason=f"{len(self._malformed)} malformed item(s) skipped: {self._malformed[0]}")
+        return changes
 
     def fetch(self, document: SourceDocument) -> bytes:
-        """The document's bytes: ``files.export`` for Google-native types, else ``get_media``.
+        """The document's bytes (:meth:`fetch_to` into memory; the pipeline streams instead)."""
+        return fetch_via(self.fetch_to, document)
+
+    def fetch_to(self, document: SourceDocument, out: BinaryIO) -> None:
+        """Write the document's bytes to ``out`` in pieces of at most ``FETCH_PIECE_BYTES``, as they arrive:
+        ``files.export`` for Google-native types, else ``get_media``, both through ``MediaIoBaseDownload``
+        (one ``Range`` request per piece, each under the retry policy; a failed piece is asked for again
+        and nothing is written twice).
 
         Raises :class:`DocumentSkipped` when Drive refuses for good (export too large, not
         exportable, not downloadable, flagged as abusive) and :class:`SourceError` otherwise
-        (transient: rate limits, server errors, a file deleted since the listing).
+        (transient: rate limits, server errors, a file deleted since the listing, a download that
+        stops making progress or overruns its announced length). Whatever ``out.write`` raises (the
+        size cap's ``DocumentTooLargeError``, a full disk) propagates unchanged and is never retried: no
+        further piece is requested.
         """
         if document.skip_reason:
             raise DocumentSkipped(document.skip_reason)
         export_mime = document.metadata.get("export_mime_type")
         files = self._service.files()
-        if export_mime:
-            request = files.export(fileId=document.source_id, mimeType=export_mime)
+        if isinstance(export_mime, str) and export_mime:
+            request = files.export_media(fileId=document.source_id, mimeType=export_mime)
+            action = "export"
         else:
             request = files.get_media(fileId=document.source_id, supportsAllDrives=True)
-        action = "export" if export_mime else "download"
+            action = "download"
+        sink = _PieceWriter(out)
+        downloader = MediaIoBaseDownload(sink, request, chunksize=FETCH_PIECE_BYTES)
+
+        def transient(exc: BaseException) -> bool:
+            return exc is not sink.error and _is_transient(exc)
+
         try:
-            data = self._execute(request)
+            done, position = False, 0
+            while not done:
+                status, done = self._call(lambda: _next_piece(downloader, sink), transient)
+                total = status.total_size
+                if total is not None and status.resumable_progress > total:
+                    raise _Malformed(f"Drive sent more than the {total} bytes it announced")
+                if not done and status.resumable_progress <= position:
+                    raise _Malformed("Drive sent a piece without bytes before the end")
+                position = status.resumable_progress
         except HttpError as exc:
+            if exc is sink.error:
+                raise
             reason = _error_reason(exc)
             if reason in _TERMINAL_FETCH_REASONS:
                 raise DocumentSkipped(f"Drive refused {action}: {reason}") from None
@@ -674,8 +927,11 @@ class GoogleDriveSource:
                 raise SourceError(f"Drive {action} failed: file not found (deleted since listing?)") from exc
             raise SourceError(f"Drive {action} failed: {_describe(exc)}") from exc
         except (OSError, httplib2.HttpLib2Error) as exc:
+            if exc is sink.error:
+                raise
             raise SourceError(f"Drive {action} failed: {type(exc).__name__}") from exc
-        return bytes(data)
+        except _Malformed as exc:
+            raise SourceError(f"Drive {action} failed: {exc}") from None
 
     # ---- PermissionSource protocol ------------------------------------------------------
 
@@ -686,17 +942,18 @@ class GoogleDriveSource:
         listing stored them). Documents sharing a My Drive parent are read with one paged
         ``files.list`` of that parent, the others with ``files.get``; shared-drive items and files
         whose resource carries no ``permissions`` go through ``permissions.list``. Any failure for
-        one file (HTTP error after retries, socket error, a page token repeated) makes it
-        ``Scope.unreadable`` with the reason; raises :class:`SourceError` only when the credentials
-        fail (no token: nothing can be read).
+        one file (HTTP error after retries, socket error, a page token repeated, an answer or a
+        permission of the wrong shape: not an object, a field of the wrong type, a grantee that is no
+        storable text) makes it ``Scope.unreadable`` with the reason; raises :class:`SourceError` only
+        when the credentials fail (no token: nothing can be read).
         """
         wanted = {d.source_id: d for d in documents}
         resources: dict[str, dict[str, Any]] = {}
         by_parent: dict[str, list[str]] = {}
         for document in wanted.values():
-            parents = document.metadata.get("parents") or []
+            parents = _ids(document.metadata.get("parents"))
             if parents and not document.metadata.get("drive_id"):
-                by_parent.setdefault(str(parents[0]), []).append(document.source_id)
+                by_parent.setdefault(parents[0], []).append(document.source_id)
         for parent, ids in by_parent.items():
             if len(ids) < 2:
                 continue
@@ -708,13 +965,16 @@ class GoogleDriveSource:
                         resources[item["id"]] = item
             except ListingIncompleteError as exc:
                 log.info("gdrive: listing %s for permissions failed (%s); reading its files one by one", parent, exc)
+            except (OSError, httplib2.HttpLib2Error) as exc:
+                log.info("gdrive: listing %s for permissions failed (%s); reading its files one by one",
+                         parent, type(exc).__name__)
         scopes: dict[str, Scope] = {}
         for source_id, document in wanted.items():
             try:
                 scopes[source_id] = self._file_scope(document, resources.get(source_id))
             except HttpError as exc:
                 scopes[source_id] = Scope.unreadable(f"Drive permissions could not be read: {_describe(exc)}")
-            except _ReadError as exc:
+            except (_ReadError, _Malformed) as exc:
                 scopes[source_id] = Scope.unreadable(f"Drive permissions could not be read: {exc}")
             except (OSError, httplib2.HttpLib2Error) as exc:
                 scopes[source_id] = Scope.unreadable(f"Drive permissions could not be read: {type(exc).__name__}")
@@ -727,13 +987,15 @@ class GoogleDriveSource:
         page. Members: ``USER`` (status active or unset) -> ``user:<email>``, ``GROUP`` -> its group
         principal; others (``CUSTOMER``, suspended users, members without an e-mail) are left out.
         A group that cannot be read (no Directory credentials, 403, 404, timeout, a repeated page
-        token, a principal of another source) is in ``errors`` with the reason; never raises.
+        token, a principal of another source, a page or member of the wrong shape: not an object,
+        ``members`` not a list, ``email``/``type``/``status`` not strings) is in ``errors`` with the
+        reason; never raises.
         """
         members: dict[str, frozenset[str]] = {}
         errors: dict[str, str] = {}
         prefix = f"group:{self.name}:"
         for principal in dict.fromkeys(groups):
-            key = principal[len(prefix):] if principal.startswith(prefix) else ""
+            key = principal[len(prefix):] if isinstance(principal, str) and principal.startswith(prefix) else ""
             if not key:
                 errors[principal] = f"not a group principal of {self.name}"
             elif self._directory is None:
@@ -746,7 +1008,7 @@ class GoogleDriveSource:
                     members[principal] = self._read_group(key) - {principal}
                 except HttpError as exc:
                     errors[principal] = f"members.list failed: {_describe(exc)}"
-                except (_ReadError, SourceError) as exc:
+                except (_ReadError, _Malformed, SourceError) as exc:
                     errors[principal] = f"members.list failed: {exc}"
                 except (OSError, httplib2.HttpLib2Error) as exc:
                     errors[principal] = f"members.list failed: {type(exc).__name__}"
@@ -763,10 +1025,14 @@ class GoogleDriveSource:
         ids may name files outside a folder scope or not indexed (the caller reads only its
         documents). Raises :class:`SourceError` when not even a start token can be had.
         """
-        if cursor and cursor.startswith(_PERMISSION_CURSOR_PREFIX):
+        token = cursor[len(_PERMISSION_CURSOR_PREFIX):] if isinstance(cursor, str) else ""
+        if isinstance(cursor, str) and cursor.startswith(_PERMISSION_CURSOR_PREFIX) and _drive_id(token):
+            self._malformed = []
             try:
-                latest, new_token = self._read_changes(cursor[len(_PERMISSION_CURSOR_PREFIX):])
+                latest, new_token = self._read_changes(token)
                 changed = self._permission_changed_ids(latest)
+                if self._malformed:
+                    raise ChangeFeedUnavailable(f"{len(self._malformed)} malformed item(s) in the feed")
             except ChangeFeedUnavailable as exc:
                 log.info("gdrive: permission change feed unusable (%s); reading every document", exc)
             except (ListingIncompleteError, HttpError, OSError, httplib2.HttpLib2Error) as exc:
@@ -785,8 +1051,13 @@ class GoogleDriveSource:
                     fileId=document.source_id, fields=_PERMISSION_FILE_FIELDS, supportsAllDrives=True
                 )
             )
-        if item is not None and isinstance(item.get("permissions"), list):
-            return self._scope(item["permissions"])
+            if not isinstance(item, dict):
+                raise _Malformed("files.get returned something that is not a file resource")
+        permissions = item.get("permissions") if item is not None else None
+        if permissions is not None:
+            if not isinstance(permissions, list):
+                raise _Malformed("the file's permissions field is not a list")
+            return self._scope(permissions)
         return self._scope(self._list_permissions(document.source_id))
 
     def _list_permissions(self, file_id: str) -> list[dict[str, Any]]:
@@ -802,39 +1073,64 @@ class GoogleDriveSource:
                     **({"pageToken": page_token} if page_token else {}),
                 )
             )
-            out.extend(response.get("permissions", []))
-            page_token = response.get("nextPageToken")
+            if not isinstance(response, dict):
+                raise _Malformed("permissions.list returned a page that is not an object")
+            permissions = response.get("permissions", [])
+            if not isinstance(permissions, list):
+                raise _Malformed("permissions.list returned a page whose permissions is not a list")
+            out.extend(permissions)
+            page_token = _page_token(response, "nextPageToken", "permissions.list")
             if not page_token:
                 return out
             if page_token in seen:
                 raise _ReadError("permissions.list returned a page token it had returned before")
             seen.add(page_token)
 
-    def _scope(self, permissions: list[Mapping[str, Any]]) -> Scope:
+    def _scope(self, permissions: list[Any]) -> Scope:
+        """The scope the permissions grant; raises :class:`_Malformed` for a permission of the wrong shape
+        (the whole document is then unreadable: dropping only that permission could hide nothing, but a
+        feed that sends garbage is not trusted for the rest either)."""
         now = datetime.now(timezone.utc)
         return Scope.of({p for p in (self._principal(perm, now) for perm in permissions) if p})
 
-    def _principal(self, permission: Mapping[str, Any], now: datetime) -> str | None:
-        """The principal one Drive permission grants reading to, or ``None`` (it grants nothing)."""
+    def _principal(self, permission: Any, now: datetime) -> str | None:
+        """The principal one Drive permission grants reading to, or ``None`` (it grants nothing).
+
+        Raises :class:`_Malformed` when the permission is not an object, a field read is of the wrong
+        type (``type``, ``role``, ``emailAddress``, ``domain``, ``view``, ``expirationTime``: strings;
+        ``deleted``, ``allowFileDiscovery``: booleans; JSON ``null`` counts as absent), or the principal
+        would not be storable text (a lone surrogate, a control character, over ``MAX_PRINCIPAL_CHARS``)."""
+        if not isinstance(permission, dict):
+            raise _Malformed("a permission that is not an object")
+        for key, kind in _PERMISSION_FIELD_TYPES.items():
+            value = permission.get(key)
+            if value is not None and not isinstance(value, kind):
+                raise _Malformed(f"a permission whose {key} is not a {kind.__name__}")
         if permission.get("deleted") or permission.get("view") or permission.get("role") not in READ_ROLES:
             return None
-        expires = _parse_time(permission.get("expirationTime"))
-        if permission.get("expirationTime") and (expires is None or expires <= now):
-            return None
+        expiration = permission.get("expirationTime")
+        if expiration is not None:
+            expires = _parse_time(expiration)
+            if expires is None or expires <= now:
+                return None
         kind = permission.get("type")
-        email = str(permission.get("emailAddress") or "")
+        email = permission.get("emailAddress") or ""
+        principal: str | None = None
         try:
             if kind == "user" and email:
-                return pr.user(email)
-            if kind == "group" and email:
-                return pr.group(self.name, email)
-            if kind == "domain" and permission.get("domain"):
-                return pr.domain(str(permission["domain"]))
-            if kind == "anyone" and (permission.get("allowFileDiscovery") or self.link_sharing == "everyone"):
-                return pr.EVERYONE
+                principal = pr.user(email)
+            elif kind == "group" and email:
+                principal = pr.group(self.name, email)
+            elif kind == "domain" and permission.get("domain"):
+                principal = pr.domain(permission["domain"])
+            elif kind == "anyone" and (permission.get("allowFileDiscovery") or self.link_sharing == "everyone"):
+                principal = pr.EVERYONE
         except ValueError:
             log.info("gdrive: a %s permission with an unusable grantee grants nothing", kind)
-        return None
+            return None
+        if principal is not None:
+            _check_principal(principal)
+        return principal
 
     def _read_group(self, key: str) -> frozenset[str]:
         """Principals of the (direct and derived) members of the group ``key`` (its e-mail)."""
@@ -850,17 +1146,31 @@ class GoogleDriveSource:
                     **({"pageToken": page_token} if page_token else {}),
                 )
             )
-            for member in response.get("members", []):
-                email = str(member.get("email") or "")
+            if not isinstance(response, dict):
+                raise _Malformed("members.list returned a page that is not an object")
+            members = response.get("members", [])
+            if not isinstance(members, list):
+                raise _Malformed("members.list returned a page whose members is not a list")
+            for member in members:
+                if not isinstance(member, dict):
+                    raise _Malformed("members.list returned a member that is not an object")
+                for field_name in ("email", "type", "status"):
+                    if member.get(field_name) is not None and not isinstance(member[field_name], str):
+                        raise _Malformed(f"members.list returned a member whose {field_name} is not a string")
+                email = member.get("email") or ""
                 kind = member.get("type")
                 try:
-                    if kind == "USER" and email and member.get("status", "ACTIVE") == "ACTIVE":
-                        out.add(pr.user(email))
+                    if kind == "USER" and email and (member.get("status") or "ACTIVE") == "ACTIVE":
+                        principal = pr.user(email)
                     elif kind == "GROUP" and email:
-                        out.add(pr.group(self.name, email))
+                        principal = pr.group(self.name, email)
+                    else:
+                        continue
                 except ValueError:
                     continue
-            page_token = response.get("nextPageToken")
+                _check_principal(principal)
+                out.add(principal)
+            page_token = _page_token(response, "nextPageToken", "members.list")
             if not page_token:
                 return frozenset(out)
             if page_token in seen:
@@ -876,14 +1186,14 @@ class GoogleDriveSource:
                 continue
             mime = item.get("mimeType")
             if mime == FOLDER_MIME:
-                if not item.get("trashed"):
+                if not _flag(item, "trashed"):
                     folders.append(item)
             elif mime != SHORTCUT_MIME:
                 changed.add(file_id)
         in_scope: dict[str, bool] = {}
         for folder in folders:
             if self._folder_in_scope(folder, in_scope):
-                changed |= self._files_under(str(folder["id"]))
+                changed |= self._files_under(folder["id"])
         return changed
 
     def _folder_in_scope(self, folder: Mapping[str, Any], cache: dict[str, bool]) -> bool:
@@ -894,13 +1204,13 @@ class GoogleDriveSource:
         current: Mapping[str, Any] | None = folder
         result = True     # deeper than _MAX_FOLDER_DEPTH: read it rather than miss it
         for _ in range(_MAX_FOLDER_DEPTH):
-            folder_id = str(current["id"])
+            folder_id = current["id"]
             if folder_id == self.folder_id or folder_id in cache:
                 result = folder_id == self.folder_id or cache[folder_id]
                 break
             chain.append(folder_id)
-            parents = current.get("parents") or []
-            current = self._get_file(str(parents[0])) if parents else None
+            parents = _ids(current.get("parents"))
+            current = self._get_file(parents[0]) if parents else None
             if current is None:
                 result = False
                 break
@@ -919,14 +1229,17 @@ class GoogleDriveSource:
                     if item["id"] not in seen:
                         seen.add(item["id"])
                         queue.append(item["id"])
-                elif item.get("mimeType") != SHORTCUT_MIME and item.get("id"):
+                elif item.get("mimeType") != SHORTCUT_MIME:
                     out.add(item["id"])
         return out
 
     # ---- change feed internals ----------------------------------------------------------
 
     def _read_changes(self, token: str) -> tuple[dict[str, dict[str, Any]], str]:
-        """All changes since ``token``: the last change per file id, and the new start token."""
+        """All changes since ``token``: the last change per file id (checked, see :meth:`_checked_change`),
+        and the new start token. Raises :class:`ChangeFeedUnavailable` when Drive rejects ``token`` or the
+        shared drive of the scope went away, :class:`ListingIncompleteError` when a page fails or is not
+        an object with a ``changes`` list and string page tokens."""
         latest: dict[str, dict[str, Any]] = {}
         fields = f"nextPageToken,newStartPageToken,changes(changeType,removed,fileId,driveId,file({FILE_FIELDS}))"
         seen: set[str] = set()
@@ -953,23 +1266,64 @@ class GoogleDriveSource:
             except (OSError, httplib2.HttpLib2Error) as exc:
                 raise ListingIncompleteError(f"changes.list failed: {type(exc).__name__}") from exc
             first = False
-            for change in response.get("changes", []):
-                if change.get("changeType", "file") == "drive":
-                    if self.shared_drive_id and change.get("driveId") == self.shared_drive_id and change.get("removed"):
-                        raise ChangeFeedUnavailable("the shared drive itself was removed or became inaccessible")
-                    continue
-                file_id = change.get("fileId") or (change.get("file") or {}).get("id")
-                if file_id:
+            if not isinstance(response, dict):
+                raise ListingIncompleteError("changes.list returned a page that is not an object")
+            changes = response.get("changes", [])
+            if not isinstance(changes, list):
+                raise ListingIncompleteError("changes.list returned a page whose changes is not a list")
+            try:
+                new_start = _page_token(response, "newStartPageToken", "changes.list")
+                next_token = _page_token(response, "nextPageToken", "changes.list")
+            except _Malformed as exc:
+                raise ListingIncompleteError(str(exc)) from None
+            for change in changes:
+                checked = self._checked_change(change)
+                if checked is not None:
+                    file_id, normal = checked
                     latest.pop(file_id, None)  # keep feed order: the last change wins
-                    latest[file_id] = change
-            if response.get("newStartPageToken"):
-                return latest, str(response["newStartPageToken"])
-            page_token = response.get("nextPageToken")
+                    latest[file_id] = normal
+            if new_start:
+                return latest, new_start
+            page_token = next_token
             if not page_token:
                 raise ListingIncompleteError("changes.list page had neither nextPageToken nor newStartPageToken")
             if page_token in seen:
                 raise ListingIncompleteError("changes.list returned a page token it had returned before")
             seen.add(page_token)
+
+    def _checked_change(self, change: Any) -> tuple[str, dict[str, Any]] | None:
+        """``(file id, {"removed": bool, "file": resource or None, "driveId": ...})`` for a file change;
+        ``None`` for a drive change, and for a change of the wrong shape (not an object, ``removed`` not a
+        boolean, ``file`` not a resource with a string id, no usable file id, ``fileId`` and ``file.id``
+        differing), which is logged and noted (the change set is then incomplete). Raises
+        :class:`ChangeFeedUnavailable` when the scope's shared drive was removed."""
+        if not isinstance(change, dict):
+            self._note_malformed("changes.list returned a change that is not an object")
+            return None
+        removed = change.get("removed")
+        if removed is not None and not isinstance(removed, bool):
+            self._note_malformed("changes.list returned a change whose removed is not a boolean")
+            return None
+        if change.get("changeType", "file") == "drive":
+            if self.shared_drive_id and change.get("driveId") == self.shared_drive_id and removed:
+                raise ChangeFeedUnavailable("the shared drive itself was removed or became inaccessible")
+            return None
+        item = change.get("file")
+        if item is not None and _file(item) is None:
+            self._note_malformed("changes.list returned a file resource that is not an object with a string id")
+            return None
+        file_id = _drive_id(change.get("fileId"))
+        if change.get("fileId") is not None and file_id is None:
+            self._note_malformed("changes.list returned a change whose fileId is not a usable id")
+            return None
+        if item is not None and file_id is not None and item["id"] != file_id:
+            self._note_malformed("changes.list returned a change whose fileId and file.id differ")
+            return None
+        file_id = file_id or (item["id"] if item is not None else None)
+        if file_id is None:
+            self._note_malformed("changes.list returned a change naming no file")
+            return None
+        return file_id, {"removed": bool(removed), "file": item, "driveId": change.get("driveId")}
 
     def _apply_changes(
         self, state: _ScopeState, latest: dict[str, dict[str, Any]], new_token: str
@@ -995,7 +1349,7 @@ class GoogleDriveSource:
             if file_id in old_folders:
                 still = self._in_scope(item, old_folders)
                 moved = bool(self.folder_id) and file_id != self.folder_id and (
-                    sorted(item.get("parents", [])) != old_folders[file_id]
+                    sorted(_ids(item.get("parents"))) != old_folders[file_id]
                 )
                 if not still or moved:
                     raise ChangeFeedUnavailable(f"in-scope folder {file_id} was trashed or moved")
@@ -1010,7 +1364,7 @@ class GoogleDriveSource:
                 elif self._in_scope(item, folders):
                     entering.remove(item)
                     progress = True
-                    folders[item["id"]] = sorted(item.get("parents", [])) if self.folder_id else []
+                    folders[item["id"]] = sorted(_ids(item.get("parents"))) if self.folder_id else []
                     sub_files: dict[str, dict[str, Any]] = {}
                     self._walk(item["id"], folders, sub_files, shortcuts)
                     upserts.update(sub_files)
@@ -1026,12 +1380,11 @@ class GoogleDriveSource:
                 continue
             if item.get("mimeType") != SHORTCUT_MIME:
                 continue
-            details = item.get("shortcutDetails") or {}
-            target = details.get("targetId")
+            target = _shortcut_target(item)
             previous = shortcuts.pop(file_id, None)
             if previous:
                 lost_targets.add(previous)
-            if target and details.get("targetMimeType") != FOLDER_MIME and self._in_scope(item, folders):
+            if target and self._in_scope(item, folders):
                 shortcuts[file_id] = target
 
         # 3. files
@@ -1040,7 +1393,7 @@ class GoogleDriveSource:
             item = change.get("file") or {}
             if change.get("removed") or not item or item.get("mimeType") in (FOLDER_MIME, SHORTCUT_MIME):
                 continue
-            if not item.get("trashed") and (self._in_scope(item, folders) or file_id in targets):
+            if not _flag(item, "trashed") and (self._in_scope(item, folders) or file_id in targets):
                 upserts[file_id] = item
             else:
                 deletions.add(file_id)
@@ -1049,7 +1402,7 @@ class GoogleDriveSource:
         new_targets = {t for s, t in shortcuts.items() if state.shortcuts.get(s) != t}
         for target in new_targets - set(upserts) - deletions:
             item = self._get_file(target)
-            if item is None or item.get("trashed") or item.get("mimeType") in (FOLDER_MIME, SHORTCUT_MIME):
+            if item is None or _flag(item, "trashed") or item.get("mimeType") in (FOLDER_MIME, SHORTCUT_MIME):
                 deletions.add(target)
             else:
                 upserts[target] = item
@@ -1073,53 +1426,65 @@ class GoogleDriveSource:
         if self._export_formats is None:
             try:
                 about = self._execute(self._service.about().get(fields="exportFormats"))
-                self._export_formats = dict(about.get("exportFormats", {}))
             except (HttpError, OSError, httplib2.HttpLib2Error) as exc:
                 log.warning("gdrive: about.get failed (%s); using default export formats", type(exc).__name__)
-                self._export_formats = {}
+                about = {}
+            formats = _object(about).get("exportFormats")
+            if formats is not None and not isinstance(formats, dict):
+                log.warning("gdrive: about.exportFormats is not an object; using default export formats")
+            self._export_formats = {
+                key: [m for m in value if isinstance(m, str)]
+                for key, value in _object(formats).items() if isinstance(value, list)
+            }
         offered = self._export_formats.get(google_mime)
         if not offered:
             return preferences[0]
         return next((mime for mime in preferences if mime in offered), None)
 
     def _to_document(self, item: Mapping[str, Any], shortcuts: Mapping[str, str]) -> SourceDocument:
-        """Map a Drive file resource to a :class:`SourceDocument` (id = Drive file id)."""
-        mime = item.get("mimeType") or None
+        """Map a Drive file resource (``item["id"]`` a usable id, see :func:`_file`) to a
+        :class:`SourceDocument` (id = Drive file id). Each other field is used only with its documented
+        type (strings; ``parents`` a list of ids; ``size`` see :func:`_size`; ``sha256Checksum`` 64 hex
+        digits), else as if absent; text has lone surrogates replaced (it must be storable)."""
+        file_id = item["id"]
+        mime = _text(item.get("mimeType")) or None
         native = bool(mime and mime.startswith(GOOGLE_APPS_PREFIX))
         export_mime = self._export_mime(mime) if native and mime else None
         skip_reason = None
         if native and export_mime is None:
             skip_reason = f"Google-native type {mime} has no export format the extractor handles"
+        modified = _text(item.get("modifiedTime"))
+        md5 = _text(item.get("md5Checksum"))
+        drive_version = _text(item.get("version"))
         if native:
-            version = f"modified:{item.get('modifiedTime')}"
+            version = f"modified:{modified}"
         else:
-            version = item.get("md5Checksum") or item.get("headRevisionId") or (
-                f"version:{item['version']}" if item.get("version") else None
+            version = md5 or _text(item.get("headRevisionId")) or (
+                f"version:{drive_version}" if drive_version else None
             )
-        modified = item.get("modifiedTime")
-        via = sorted(s for s, t in shortcuts.items() if t == item["id"])
+        via = sorted(s for s, t in shortcuts.items() if t == file_id)
         metadata: dict[str, Any] = {
-            "parents": list(item.get("parents", [])),
-            "drive_id": item.get("driveId"),
+            "parents": _ids(item.get("parents")),
+            "drive_id": _drive_id(item.get("driveId")),
             "google_mime_type": mime,
             "export_mime_type": export_mime,
-            "md5": item.get("md5Checksum"),
-            "drive_version": item.get("version"),
+            "md5": md5,
+            "drive_version": drive_version,
         }
         if via:
             metadata["shortcut_ids"] = via
-        size = item.get("size")
-        name = item.get("name") or item["id"]
+        name = _text(item.get("name")) or file_id
         metadata["drive_name"] = name
+        sha256 = item.get("sha256Checksum")
         return SourceDocument(
-            source_id=item["id"],
+            source_id=file_id,
             title=_export_title(name, export_mime),
-            uri=item.get("webViewLink") or f"https://drive.google.com/file/d/{item['id']}/view",
+            uri=_text(item.get("webViewLink")) or f"https://drive.google.com/file/d/{file_id}/view",
             mime_type=export_mime or mime,
-            size=int(size) if size is not None and not native else None,
+            size=None if native else _size(item.get("size")),
             modified_at=_parse_time(modified),
             source_version=version,
-            content_sha256=(item.get("sha256Checksum") or None) if not native else None,
+            content_sha256=sha256 if not native and isinstance(sha256, str) and _SHA256_HEX.fullmatch(sha256) else None,
             metadata=metadata,
             skip_reason=skip_reason,
         )
@@ -1143,8 +1508,9 @@ def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
+def _parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 time (``Z`` or an offset; naive means UTC), or ``None`` for anything else."""
+    if not isinstance(value, str) or not value:
         return None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
