@@ -13,10 +13,6 @@ KNOWN: list[tuple[str, ...]] = [
     # [, target]])
     ("TypeError", "rag_pipeline/sources/zotero.py", _R + "test_zotero_item_with_fields_of_the_wrong_type"),
     ("OverflowError", "rag_pipeline/sources/zotero.py", _R + "test_zotero_item_with_fields_of_the_wrong_type"),
-    ("TypeError", "rag_pipeline/sources/sharepoint.py", _R + "test_sharepoint_item_with_fields_of_the_wrong_type"),
-    ("AttributeError", "rag_pipeline/sources/sharepoint.py", _R + "test_sharepoint_item_with_fields_of_the_wrong_type"),
-    ("OverflowError", "rag_pipeline/sources/sharepoint.py", _R + "test_sharepoint_item_with_fields_of_the_wrong_type"),
-    ("AssertionError", "fuzz/common.py", _R + "test_sharepoint_item_with_fields_of_the_wrong_type", "", "sharepoint"),
 ]
 
 

@@ -53,15 +53,18 @@ Permissions (``PermissionSource``)
       grants nothing.
 
     One item failing (403 ``accessDenied``, 404 ``itemNotFound``, throttling after retries, a body that
-    is not a permission collection) makes that item ``Scope.unreadable`` with the reason; a token failure
-    raises :class:`SourceError` (nothing could be read). An identity whose principal would be malformed
-    is left out (it grants nothing).
+    is not a permission collection, a permission with a field of the wrong type: not an object, roles
+    not a list of strings, an identity, ``link`` or id that is not what Graph documents) makes that item
+    ``Scope.unreadable`` with the reason (fail closed: nothing is guessed); a token failure raises
+    :class:`SourceError` (nothing could be read). An identity whose principal would be malformed (a
+    well-typed but unusable id) is left out (it grants nothing).
 
     ``group_members(groups)``: ``GET /groups/{id}/transitiveMembers?$select=id,mail,userPrincipalName``
     (``$top=999``, every next link): the flat nested membership. ``#microsoft.graph.user`` ->
     ``user:<mail or userPrincipalName>`` (``user:graph:<id>`` with neither), ``#microsoft.graph.group`` ->
     that group's principal; devices, contacts and service principals are nobody who reads. A group that
-    fails (403 ``Authorization_RequestDenied``, 404 ``Request_ResourceNotFound``, ...) goes to ``errors``.
+    fails (403 ``Authorization_RequestDenied``, 404 ``Request_ResourceNotFound``, a member with a field of
+    the wrong type, ...) goes to ``errors``.
 
     ``permission_changes(cursor)``: a delta query of its own (independent of the content cursor) with
     ``Prefer: deltashowremovedasdeleted, deltatraversepermissiongaps, deltashowsharingchanges,
@@ -76,6 +79,15 @@ Permissions (``PermissionSource``)
     only if Graph flags it ``sharedChanged``, otherwise by the next full permission sync. The cursor is
     ``graphperm1:`` + compressed JSON (delta link, scope folder, its ancestors, in-scope folders).
 
+Malformed data
+    A page that is not ``{"value": [...]}`` (or whose next/delta link is not a string) raises
+    :class:`ListingIncompleteError`. A driveItem with a field of the wrong type (not an object, an id
+    that is not a non-empty string, ``name``/``cTag``/``eTag``/``webUrl`` not strings, a facet such as
+    ``file``/``folder``/``parentReference`` not an object, a ``size`` that is not a non-negative whole
+    number; null counts as absent) is skipped with a log line naming its id and the field; the
+    inventory or change set is then ``complete=False`` (nothing deleted, cursor kept) and the
+    permission feed answers "read every document". Lone surrogates in names and tags become U+FFFD.
+
 The cursor is opaque: ``graph1:`` + compressed JSON of the delta link, the scope folder id and the
 in-scope folder ids. Change detection: ``cTag`` (content tag; ``eTag`` when absent) as
 ``source_version``, ``file.hashes.sha256Hash`` as ``content_sha256`` where Graph gives one. Stable
@@ -88,24 +100,29 @@ from __future__ import annotations
 
 import base64
 import binascii
+import http.client
 import json
 import logging
+import math
 import os
+import re
 import urllib.parse
 import zlib
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, BinaryIO
 
 import msal
 import requests
+import urllib3
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from rag_pipeline.permissions.principals import EVERYONE, domain, parse_principal
 from rag_pipeline.permissions.principals import group as group_principal
 from rag_pipeline.permissions.principals import user as user_principal
 from rag_pipeline.sources.base import (
+    FETCH_PIECE_BYTES,
     ChangeFeedUnavailable,
     ChangeSet,
     DocumentSkipped,
@@ -116,6 +133,7 @@ from rag_pipeline.sources.base import (
     Scope,
     SourceDocument,
     SourceError,
+    fetch_via,
 )
 from rag_pipeline.sources.http import parse_retry_after
 
@@ -237,16 +255,18 @@ class _DeltaState:
 
     @classmethod
     def decode(cls, cursor: str) -> _DeltaState:
-        """Parse a cursor from :meth:`encode`; raises ``ValueError`` for anything else."""
-        if not cursor.startswith(_CURSOR_PREFIX):
-            raise ValueError("not a graph cursor")
-        try:
-            data = json.loads(zlib.decompress(base64.urlsafe_b64decode(cursor[len(_CURSOR_PREFIX) :])))
-        except (binascii.Error, zlib.error, ValueError) as exc:
-            raise ValueError("corrupt graph cursor") from exc
-        if data.get("v") != 1 or not isinstance(data.get("l"), str):
+        """Parse a cursor from :meth:`encode`; raises ``ValueError`` (only) for anything else: not a
+        ``graph1:`` string, not base64/zlib/JSON, not an object of version 1 with a str ``l``, a ``p``
+        that is neither null nor a str, an ``f`` that is not a list of str."""
+        data = _unpack_cursor(cursor, _CURSOR_PREFIX, "graph cursor")
+        if not isinstance(data, dict) or data.get("v") != 1 or not isinstance(data.get("l"), str):
             raise ValueError("unknown graph cursor version")
-        return cls(link=data["l"], scope_id=data.get("p"), folders=list(data.get("f", [])))
+        scope_id, folders = data.get("p"), data.get("f", [])
+        if scope_id is not None and not isinstance(scope_id, str):
+            raise ValueError("malformed graph cursor: scope folder id is not a string")
+        if not _str_list(folders):
+            raise ValueError("malformed graph cursor: folders are not a list of strings")
+        return cls(link=data["l"], scope_id=scope_id, folders=list(folders))
 
 
 class _Gone(Exception):
@@ -275,17 +295,31 @@ class _PermissionState:
 
     @classmethod
     def decode(cls, cursor: str) -> _PermissionState:
-        """Parse :meth:`encode`'s output; raises ``ValueError`` for anything else."""
-        if not cursor.startswith(_PERM_CURSOR_PREFIX):
-            raise ValueError("not a graph permission cursor")
-        try:
-            data = json.loads(zlib.decompress(base64.urlsafe_b64decode(cursor[len(_PERM_CURSOR_PREFIX):])))
-        except (binascii.Error, zlib.error, ValueError) as exc:
-            raise ValueError("corrupt graph permission cursor") from exc
+        """Parse :meth:`encode`'s output; raises ``ValueError`` (only) for anything else (as
+        :meth:`_DeltaState.decode`; ``a`` and ``f``: null or a list of str)."""
+        data = _unpack_cursor(cursor, _PERM_CURSOR_PREFIX, "graph permission cursor")
         if not isinstance(data, dict) or data.get("v") != 1 or not isinstance(data.get("l"), str):
             raise ValueError("unknown graph permission cursor version")
-        return cls(link=data["l"], scope_id=data.get("p"), ancestors=list(data.get("a") or []),
-                   folders=list(data.get("f") or []))
+        scope_id, ancestors, folders = data.get("p"), data.get("a") or [], data.get("f") or []
+        if scope_id is not None and not isinstance(scope_id, str):
+            raise ValueError("malformed graph permission cursor: scope folder id is not a string")
+        if not _str_list(ancestors) or not _str_list(folders):
+            raise ValueError("malformed graph permission cursor: folders are not a list of strings")
+        return cls(link=data["l"], scope_id=scope_id, ancestors=list(ancestors), folders=list(folders))
+
+
+def _unpack_cursor(cursor: Any, prefix: str, what: str) -> Any:
+    """The JSON value inside ``prefix`` + base64(zlib(JSON)); ``ValueError`` for anything else."""
+    if not isinstance(cursor, str) or not cursor.startswith(prefix):
+        raise ValueError(f"not a {what}")
+    try:
+        return json.loads(zlib.decompress(base64.urlsafe_b64decode(cursor[len(prefix):])))
+    except (binascii.Error, zlib.error, ValueError, RecursionError) as exc:
+        raise ValueError(f"corrupt {what}") from exc
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 class SharePointSource:
@@ -444,15 +478,17 @@ class SharePointSource:
             raise ListingIncompleteError(f"{what} failed: HTTP {response.status_code} {_graph_error_code(response)}")
         try:
             body = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ListingIncompleteError(f"{what} returned a body that is not JSON") from None
         if not isinstance(body, dict):
             raise ListingIncompleteError(f"{what} returned a body that is not a JSON object")
         return body
 
     def _pages(self, url: str, what: str, headers: Mapping[str, str] | None = None) -> Iterator[dict[str, Any]]:
-        """Follow ``@odata.nextLink`` from ``url``; yields each page body. The last page yielded
-        has a delta link (delta queries) or no next link (children listings)."""
+        """Follow ``@odata.nextLink`` from ``url``; yields each page body (a JSON object). The last page
+        yielded has a delta link (delta queries) or no next link (children listings). Raises
+        :class:`ListingIncompleteError` for a failed page, a repeated next link or one that is not a
+        non-empty string."""
         seen: set[str] = set()
         while True:
             if url in seen:
@@ -461,22 +497,26 @@ class SharePointSource:
             body = self._get_json(url, what, headers)
             yield body
             next_link = body.get("@odata.nextLink")
-            if not next_link:
+            if next_link is None:
                 return
-            url = str(next_link)
+            if not isinstance(next_link, str) or not next_link:
+                raise ListingIncompleteError(f"{what}: a page whose @odata.nextLink is not a link")
+            url = next_link
 
-    def _delta(self, url: str, headers: Mapping[str, str] | None = None) -> tuple[dict[str, dict[str, Any]], str]:
-        """All items from a delta URL (last occurrence of an id wins) and the final delta link.
-        With ``headers`` (the permission delta) an item flagged ``sharedChanged`` on any of its
-        occurrences keeps the flag."""
+    def _delta(self, url: str, headers: Mapping[str, str] | None = None, malformed: list[str] | None = None,
+               ) -> tuple[dict[str, dict[str, Any]], str]:
+        """All well-formed items from a delta URL (last occurrence of an id wins) and the final delta
+        link; each malformed item skipped (``_page_items``: logged) adds a note to ``malformed``. With
+        ``headers`` (the permission delta) an item flagged ``sharedChanged`` on any of its occurrences
+        keeps the flag.
+        Raises :class:`ListingIncompleteError` for a page that is not ``{"value": [...]}``, a failed
+        page, or no (or a non-string) delta link at the end; ``_Gone`` for 410."""
         items: dict[str, dict[str, Any]] = {}
+        notes: list[str] = [] if malformed is None else malformed
         delta_link = None
         for body in self._pages(url, "Graph delta", headers):
-            for item in body.get("value") or []:
-                item_id = item.get("id") if isinstance(item, dict) else None
-                if not item_id:
-                    log.warning("sharepoint: delta item without id ignored")
-                    continue
+            for item in _page_items(body, "Graph delta", notes):
+                item_id = item["id"]
                 previous = items.pop(item_id, None)
                 if previous is not None and _shared_changed(previous) and not _shared_changed(item):
                     item = {**item, SHARED_CHANGED: "True"}
@@ -484,7 +524,9 @@ class SharePointSource:
             delta_link = body.get("@odata.deltaLink")
         if not delta_link:
             raise ListingIncompleteError("Graph delta ended without @odata.deltaLink")
-        return items, str(delta_link)
+        if not isinstance(delta_link, str):
+            raise ListingIncompleteError("Graph delta ended with an @odata.deltaLink that is not a link")
+        return items, delta_link
 
     def _drive_url(self, suffix: str) -> str:
         return f"{self._graph}/drives/{urllib.parse.quote(self.drive_id, safe='')}{suffix}"
@@ -502,20 +544,21 @@ class SharePointSource:
             raise ListingIncompleteError(f"folder {self.path!r}: HTTP 410") from None
         except ListingIncompleteError as exc:
             raise ListingIncompleteError(f"scope folder {self.path!r} not usable: {exc}") from None
-        if "folder" not in item or not item.get("id"):
+        if not isinstance(item.get("folder"), dict) or not isinstance(item.get("id"), str) or not item["id"]:
             raise ListingIncompleteError(f"scope path {self.path!r} is not a folder")
-        return str(item["id"])
+        return item["id"]
 
-    def _children(self, folder_id: str) -> Iterator[dict[str, Any]]:
-        """Every item below ``folder_id`` (recursive children listing, defensive about shapes)."""
+    def _children(self, folder_id: str, malformed: list[str] | None = None) -> Iterator[dict[str, Any]]:
+        """Every well-formed item below ``folder_id`` (recursive children listing); a malformed item is
+        skipped, logged and noted in ``malformed`` (``_page_items``). Raises
+        :class:`ListingIncompleteError` for a failed page or one that is not ``{"value": [...]}``."""
         queue = [folder_id]
+        notes: list[str] = [] if malformed is None else malformed
         while queue:
             parent = queue.pop(0)
             url = self._drive_url(f"/items/{urllib.parse.quote(parent, safe='')}/children") + self._select()
             for body in self._pages(url, "Graph children"):
-                for item in body.get("value") or []:
-                    if not isinstance(item, dict) or not item.get("id"):
-                        continue
+                for item in _page_items(body, "Graph children", notes):
                     yield item
                     if "folder" in item:
                         queue.append(item["id"])
@@ -525,13 +568,16 @@ class SharePointSource:
     def list_documents(self) -> Inventory:
         """Enumerate the drive with a fresh delta query and keep the files in scope.
 
-        Returns the complete inventory and the delta link as ``cursor``; raises
-        :class:`ListingIncompleteError` when a page fails, a next link repeats, the enumeration
-        ends without a delta link, or the scope folder is missing.
+        Returns the inventory and the delta link as ``cursor``; ``complete=False`` (with the reason) when
+        a malformed driveItem was skipped (a field of the wrong type, see ``_item_problem``; each one is
+        logged with its id and field), so nothing is deleted on that listing. Raises
+        :class:`ListingIncompleteError` when a page fails or is not ``{"value": [...]}``, a next link
+        repeats, the enumeration ends without a delta link, or the scope folder is missing.
         """
         scope_id = self._resolve_scope()
+        malformed: list[str] = []
         try:
-            items, delta_link = self._delta(self._drive_url("/root/delta") + self._select())
+            items, delta_link = self._delta(self._drive_url("/root/delta") + self._select(), malformed=malformed)
         except _Gone:
             raise ListingIncompleteError("Graph delta enumeration answered 410 Gone") from None
         live = {i: item for i, item in items.items() if "deleted" not in item}
@@ -554,14 +600,17 @@ class SharePointSource:
                         queue.append(child)
         documents = [self._to_document(live[i]) for i in in_scope if "file" in live[i]]
         state = _DeltaState(link=delta_link, scope_id=scope_id, folders=sorted(folders))
-        return Inventory(documents=documents, complete=True, cursor=state.encode())
+        return Inventory(documents=documents, complete=not malformed, incomplete_reason=_malformed_reason(malformed),
+                         cursor=state.encode())
 
     def changes(self, cursor: str | None) -> ChangeSet:
         """Follow the stored delta link to the next one; upserts and deletions in scope.
 
         Raises :class:`ChangeFeedUnavailable` without a usable cursor, on 410 Gone, or when a
         folder in scope was deleted or moved out of it; :class:`ListingIncompleteError` on a
-        repeating next link or a failed page (the cursor is then not advanced).
+        repeating next link or a failed or malformed page (the cursor is then not advanced). A malformed
+        driveItem (delta or children) is skipped and logged, and the change set is ``complete=False``
+        (the sync then keeps the old cursor and deletes nothing).
         """
         if not cursor:
             raise ChangeFeedUnavailable("no Graph delta link stored yet")
@@ -569,8 +618,9 @@ class SharePointSource:
             state = _DeltaState.decode(cursor)
         except ValueError as exc:
             raise ChangeFeedUnavailable(f"unusable Graph cursor: {exc}") from None
+        malformed: list[str] = []
         try:
-            items, delta_link = self._delta(state.link)
+            items, delta_link = self._delta(state.link, malformed=malformed)
         except _Gone as exc:
             raise ChangeFeedUnavailable(f"Graph delta link expired (410 {exc}); full resync needed") from None
         old_folders = set(state.folders)
@@ -607,7 +657,7 @@ class SharePointSource:
                     entering.remove(item)
                     progress = True
                     folders.add(item["id"])
-                    for child in self._children(item["id"]):
+                    for child in self._children(item["id"], malformed):
                         if "folder" in child:
                             folders.add(child["id"])
                         elif "file" in child and "deleted" not in child:
@@ -629,29 +679,42 @@ class SharePointSource:
             upserts=[self._to_document(item) for item in upserts.values()],
             deleted_ids=sorted(deletions),
             next_cursor=next_state.encode(),
+            complete=not malformed,
+            incomplete_reason=_malformed_reason(malformed),
         )
 
     def fetch(self, document: SourceDocument) -> bytes:
-        """Download ``/drives/{drive}/items/{id}/content`` (Graph answers with a redirect to a
-        pre-authenticated URL; requests drops the bearer token if that URL is on another host).
+        """The bytes of ``document`` (``fetch_to`` into memory; the pipeline streams instead). Same
+        errors as :meth:`fetch_to`."""
+        return fetch_via(self.fetch_to, document)
+
+    def fetch_to(self, document: SourceDocument, out: BinaryIO) -> None:
+        """Download ``/drives/{drive}/items/{id}/content`` into ``out`` in pieces of at most
+        ``FETCH_PIECE_BYTES`` as they arrive (Graph answers with a redirect to a pre-authenticated URL;
+        requests drops the bearer token if that URL is on another host).
 
         Raises :class:`DocumentSkipped` for a skipped document, :class:`SourceError` otherwise
-        (transient: throttling after retries, server errors, an item deleted since the listing).
+        (transient: throttling after retries, server errors, an item deleted since the listing, a
+        transfer that broke off part-way). Retries (429, 5xx, connection failures) happen only before
+        the body is read: once a byte was written to ``out`` nothing is retried (nor written twice).
+        Whatever ``out.write`` raises (the pipeline's size cap, ``DocumentTooLargeError``) propagates
+        unchanged. The response is closed on every exit, so a refused download stops reading.
         """
         if document.skip_reason:
             raise DocumentSkipped(document.skip_reason)
         url = self._drive_url(f"/items/{urllib.parse.quote(document.source_id, safe='')}/content")
         try:
-            response = self._get(url)
+            response = self._get(url, stream=True)
         except _RetryableResponse as exc:
             raise SourceError(f"Graph download failed: HTTP {exc.status} after retries") from None
         except requests.RequestException as exc:
             raise SourceError(f"Graph download failed: {type(exc).__name__}") from None
-        if response.status_code == 404:
-            raise SourceError("Graph download failed: item not found (deleted since listing?)")
-        if response.status_code != 200:
-            raise SourceError(f"Graph download failed: HTTP {response.status_code} {_graph_error_code(response)}")
-        return response.content
+        with response:
+            if response.status_code == 404:
+                raise SourceError("Graph download failed: item not found (deleted since listing?)")
+            if response.status_code != 200:
+                raise SourceError(f"Graph download failed: HTTP {response.status_code} {_graph_error_code(response)}")
+            _copy_body(response, out)
 
     # ---- PermissionSource protocol ------------------------------------------------------
 
@@ -667,15 +730,15 @@ class SharePointSource:
                 continue
             try:
                 perms = self._item_permissions(item_id)
+                principals: set[str] = set()
+                for perm in perms:
+                    principals |= self._grants(perm)
             except _TokenError:
                 raise
-            except (SourceError, _Gone) as exc:
-                reason = str(exc) if isinstance(exc, SourceError) else "HTTP 410"
+            except (SourceError, _Gone, _Malformed) as exc:
+                reason = "HTTP 410" if isinstance(exc, _Gone) else str(exc)
                 out[item_id] = Scope.unreadable(f"Graph permissions of item {item_id}: {reason}")
                 continue
-            principals: set[str] = set()
-            for perm in perms:
-                principals |= self._grants(perm)
             out[item_id] = Scope.of(principals)
         return out
 
@@ -683,57 +746,76 @@ class SharePointSource:
         """Every page of ``/items/{id}/permissions``; raises ``ListingIncompleteError`` on a failure
         or a body that is not a permission collection."""
         url = self._drive_url(f"/items/{urllib.parse.quote(item_id, safe='')}/permissions")
-        perms: list[dict[str, Any]] = []
+        perms: list[Any] = []
         for body in self._pages(url, "Graph permissions"):
             value = body.get("value")
             if not isinstance(value, list):
                 raise ListingIncompleteError("Graph permissions: a page without a value list")
-            perms.extend(p for p in value if isinstance(p, dict))
+            perms.extend(value)  # a permission that is not an object: _grants raises _Malformed
         return perms
 
-    def _grants(self, perm: Mapping[str, Any]) -> set[str]:
-        """The principals one ``permission`` lets read the item (empty: it grants no reading)."""
-        roles = {str(r).lower() for r in perm.get("roles") or [] if isinstance(r, str)}
-        if not roles & READ_ROLES or _expired(perm.get("expirationDateTime")):
+    def _grants(self, perm: Any) -> set[str]:
+        """The principals one ``permission`` lets read the item (empty: it grants no reading).
+
+        Raises ``_Malformed`` (naming the field) when a field it reads has the wrong type: ``roles`` not
+        a list of str, ``expirationDateTime`` not a str, an identity (set) or ``link`` not an object,
+        ``grantedToIdentities(V2)`` not a list, an id/e-mail/login name not a str. The caller makes the
+        item unreadable: a permission that cannot be read must not be guessed at."""
+        if not isinstance(perm, dict):
+            raise _Malformed("a permission that is not an object")
+        roles = _typed(perm, "roles", list, "roles") or []
+        if not all(isinstance(r, str) for r in roles):
+            raise _Malformed("a permission whose roles are not strings")
+        if not {r.lower() for r in roles} & READ_ROLES:
             return set()
-        identities: list[Any] = []
-        single = perm["grantedToV2"] if "grantedToV2" in perm else perm.get("grantedTo")
-        identities.append(single)
-        many = perm["grantedToIdentitiesV2"] if "grantedToIdentitiesV2" in perm else perm.get("grantedToIdentities")
-        identities.extend(many if isinstance(many, list) else [])
+        if _expired(_typed(perm, "expirationDateTime", str, "expirationDateTime")):
+            return set()
+        key = "grantedToV2" if "grantedToV2" in perm else "grantedTo"
+        identities: list[tuple[str, Any]] = [(key, _typed(perm, key, dict, key))]
+        key = "grantedToIdentitiesV2" if "grantedToIdentitiesV2" in perm else "grantedToIdentities"
+        identities.extend((f"{key}[]", i) for i in _typed(perm, key, list, key) or [])
         out: set[str] = set()
-        for identity in identities:
-            if isinstance(identity, dict):
-                out |= self._identity_principals(identity)
-        link = perm.get("link")
-        if isinstance(link, dict):
-            scope = str(link.get("scope") or "").lower()
+        for where, identity in identities:
+            if identity is None:
+                continue
+            if not isinstance(identity, dict):
+                raise _Malformed(f"a permission whose {where} is not an object")
+            out |= self._identity_principals(identity, where)
+        link = _typed(perm, "link", dict, "link")
+        if link is not None:
+            scope = (_typed(link, "scope", str, "link.scope") or "").lower()
             if scope == "organization":
                 out.update(self.org_domains)
             elif scope == "anonymous" and self.link_sharing == "everyone":
                 out.add(EVERYONE)
         return {p for p in out if _valid(p)}
 
-    def _identity_principals(self, identity: Mapping[str, Any]) -> set[str]:
+    def _identity_principals(self, identity: Mapping[str, Any], where: str = "identity") -> set[str]:
         """Principals of one ``sharePointIdentitySet`` (module docstring); empty when it names nobody
-        this index can represent (an application, a device, an unknown claim)."""
-        group = _mapping(identity.get("group"))
-        if group.get("id"):
-            return {group_principal(self.name, str(group["id"]))}
+        this index can represent (an application, a device, an unknown claim, an id that makes no
+        principal). Raises ``_Malformed`` for a field of the wrong type (``where`` names the identity)."""
+        group = _typed(identity, "group", dict, f"{where}.group") or {}
+        group_id = _typed(group, "id", str, f"{where}.group.id")
+        if group_id:
+            return _principal_or_nothing(lambda: group_principal(self.name, group_id))
         for key, kind in (("sharePointGroup", "spgroup"), ("siteGroup", "sitegroup")):
-            site_group = _mapping(identity.get(key))
-            if site_group.get("id") not in (None, ""):
-                return {group_principal(self.name, f"{kind}:{site_group['id']}")}
-        user, site_user = _mapping(identity.get("user")), _mapping(identity.get("siteUser"))
-        login = str(site_user.get("loginName") or "")
+            site_group = _typed(identity, key, dict, f"{where}.{key}") or {}
+            site_group_id = _typed(site_group, "id", (str, int), f"{where}.{key}.id")
+            if site_group_id not in (None, ""):
+                return _principal_or_nothing(lambda: group_principal(self.name, f"{kind}:{site_group_id}"))
+        user = _typed(identity, "user", dict, f"{where}.user") or {}
+        site_user = _typed(identity, "siteUser", dict, f"{where}.siteUser") or {}
+        login = _typed(site_user, "loginName", str, f"{where}.siteUser.loginName") or ""
         if login.lower().startswith(_ALL_USERS_CLAIM):
             return set(self.org_domains)
-        for candidate in (user.get("email"), site_user.get("email"),
+        for candidate in (_typed(user, "email", str, f"{where}.user.email"),
+                          _typed(site_user, "email", str, f"{where}.siteUser.email"),
                           login[len(_MEMBERSHIP_CLAIM):] if login.lower().startswith(_MEMBERSHIP_CLAIM) else None):
-            if isinstance(candidate, str) and "@" in candidate:
-                return {user_principal(candidate)}
-        if user.get("id"):
-            return {user_principal(f"graph:{user['id']}")}
+            if candidate and "@" in candidate:
+                return _principal_or_nothing(lambda: user_principal(candidate))
+        user_id = _typed(user, "id", str, f"{where}.user.id")
+        if user_id:
+            return _principal_or_nothing(lambda: user_principal(f"graph:{user_id}"))
         return set()
 
     def group_members(self, groups: Collection[str]) -> GroupMembers:
@@ -762,35 +844,43 @@ class SharePointSource:
                     if not isinstance(value, list):
                         raise ListingIncompleteError("Graph transitiveMembers: a page without a value list")
                     for member in value:
-                        principal_of = self._member_principal(member) if isinstance(member, dict) else None
+                        principal_of = self._member_principal(member)
                         if principal_of and _valid(principal_of):
                             found.add(principal_of)
             except _TokenError:
                 raise
-            except (SourceError, _Gone) as exc:
-                errors[principal] = f"members of group {group_id}: {exc if isinstance(exc, SourceError) else 'HTTP 410'}"
+            except (SourceError, _Gone, _Malformed) as exc:
+                errors[principal] = f"members of group {group_id}: {'HTTP 410' if isinstance(exc, _Gone) else exc}"
                 continue
             members[principal] = frozenset(found)
         return GroupMembers(members=members, errors=errors)
 
-    def _member_principal(self, member: Mapping[str, Any]) -> str | None:
-        kind = str(member.get("@odata.type") or "").lower()
-        member_id = member.get("id")
+    def _member_principal(self, member: Any) -> str | None:
+        """The principal of one ``directoryObject`` (``None``: nobody who reads, or an id that makes no
+        principal); raises ``_Malformed`` for a member that is not an object or a field of the wrong
+        type (the whole group then grants nothing: a member list that cannot be read is not guessed at)."""
+        if not isinstance(member, dict):
+            raise _Malformed("a member that is not an object")
+        kind = (_typed(member, "@odata.type", str, "member @odata.type") or "").lower()
+        member_id = _typed(member, "id", str, "member id")
+        mail = _typed(member, "mail", str, "member mail")
+        upn = _typed(member, "userPrincipalName", str, "member userPrincipalName")
         if kind == "#microsoft.graph.group" and member_id:
-            return group_principal(self.name, str(member_id))
+            return next(iter(_principal_or_nothing(lambda: group_principal(self.name, member_id))), None)
         if kind != "#microsoft.graph.user":
             return None  # devices, contacts, service principals: nobody who reads documents
-        for candidate in (member.get("mail"), member.get("userPrincipalName")):
-            if isinstance(candidate, str) and "@" in candidate:
-                return user_principal(candidate)
+        for candidate in (mail, upn):
+            if candidate and "@" in candidate:
+                return next(iter(_principal_or_nothing(lambda: user_principal(candidate))), None)
         return user_principal(f"graph:{member_id}") if member_id else None
 
     def permission_changes(self, cursor: str | None) -> PermissionChanges:
         """Items whose permissions may have changed since ``cursor`` (module docstring).
 
-        Returns ``PermissionChanges(None, fresh)`` without a usable cursor or on 410 Gone; raises
-        :class:`ListingIncompleteError` when a page or a folder listing fails (the cursor is then not
-        advanced) and :class:`SourceError` when no token can be had."""
+        Returns ``PermissionChanges(None, fresh)`` without a usable cursor, on 410 Gone, or when a
+        malformed driveItem was skipped (its permissions might have changed unseen: read them all);
+        raises :class:`ListingIncompleteError` when a page or a folder listing fails or is malformed (the
+        cursor is then not advanced) and :class:`SourceError` when no token can be had."""
         if not cursor:
             return PermissionChanges(None, self._fresh_permission_cursor())
         try:
@@ -798,9 +888,14 @@ class SharePointSource:
         except ValueError as exc:
             log.warning("sharepoint: %s; reading every document's permissions", exc)
             return PermissionChanges(None, self._fresh_permission_cursor())
+        malformed: list[str] = []
         try:
-            items, delta_link = self._delta(state.link, headers={"Prefer": SHARING_PREFER})
+            items, delta_link = self._delta(state.link, headers={"Prefer": SHARING_PREFER}, malformed=malformed)
         except _Gone:
+            return PermissionChanges(None, self._fresh_permission_cursor())
+        if malformed:
+            log.warning("sharepoint: permission delta: %s; reading every document's permissions",
+                        _malformed_reason(malformed))
             return PermissionChanges(None, self._fresh_permission_cursor())
         whole_drive = state.scope_id is None
         folders = set(state.folders)
@@ -857,19 +952,25 @@ class SharePointSource:
             if folder_id in walked:
                 continue
             walked.add(folder_id)
-            for child in self._children(folder_id):
+            for child in self._children(folder_id, malformed):
                 if "folder" in child:
                     walked.add(child["id"])
                     if not whole_drive:
                         folders.add(child["id"])
                 elif "file" in child:
                     changed.add(child["id"])
+        if malformed:
+            log.warning("sharepoint: permission delta: %s; reading every document's permissions",
+                        _malformed_reason(malformed))
+            return PermissionChanges(None, self._fresh_permission_cursor())
         next_state.folders = sorted(folders)
         return PermissionChanges(sorted(changed), next_state.encode())
 
     def _fresh_permission_cursor(self) -> str:
         """A permission cursor as of now: a ``?token=latest`` delta link, nothing enumerated (a path
-        scope lists its folders, to tell later which items are in it)."""
+        scope lists its folders, to tell later which items are in it). Raises
+        :class:`ListingIncompleteError` when that fails, or when the scope's listing holds a malformed
+        item (it might be a folder whose files' permission changes would then go unseen)."""
         scope_id = self._resolve_scope()
         # the link first: a folder made while the scope is listed below is then in the next delta
         url = self._drive_url("/root/delta") + "?" + urllib.parse.urlencode(
@@ -883,41 +984,48 @@ class SharePointSource:
         if scope_id is not None:
             root = self._get_json(self._drive_url("/root") + "?$select=id", "drive root")
             if root.get("id"):
-                ancestors.append(str(root["id"]))
+                ancestors.append(_str_id(root.get("id"), "drive root"))
             parts = (self.path or "").split("/")
             for depth in range(1, len(parts)):
                 prefix = urllib.parse.quote("/".join(parts[:depth]))
                 folder = self._get_json(self._drive_url(f"/root:/{prefix}") + "?$select=id", "scope ancestor")
                 if folder.get("id"):
-                    ancestors.append(str(folder["id"]))
-            folders = [scope_id] + [c["id"] for c in self._children(scope_id) if "folder" in c]
+                    ancestors.append(_str_id(folder.get("id"), "scope ancestor"))
+            malformed: list[str] = []
+            folders = [scope_id] + [c["id"] for c in self._children(scope_id, malformed) if "folder" in c]
+            if malformed:
+                raise ListingIncompleteError(f"Graph children of the scope folder: {_malformed_reason(malformed)}")
         return _PermissionState(link=link, scope_id=scope_id, ancestors=ancestors, folders=folders).encode()
 
     # ---- mapping ------------------------------------------------------------------------
 
     def _to_document(self, item: Mapping[str, Any]) -> SourceDocument:
-        """Map a Graph driveItem (file) to a :class:`SourceDocument` (id = drive item id)."""
-        file_facet = item.get("file") or {}
-        hashes = file_facet.get("hashes") or {}
-        sha256 = hashes.get("sha256Hash")
-        size = item.get("size")
+        """Map a Graph driveItem (file) to a :class:`SourceDocument` (id = drive item id).
+
+        Total for any object with an ``id``: a field of the wrong type counts as absent (the boundary,
+        ``_page_items``, has already skipped such items; this keeps the mapping safe on its own); lone
+        surrogates in text fields become U+FFFD (the id is kept as Graph gave it)."""
+        item_id = str(item["id"])
+        file_facet = _mapping(item.get("file"))
+        hashes = _mapping(file_facet.get("hashes"))
+        sha256 = _text(hashes.get("sha256Hash"))
         metadata = {
             "drive_id": self.drive_id,
-            "parent_id": (item.get("parentReference") or {}).get("id"),
-            "etag": item.get("eTag"),
-            "ctag": item.get("cTag"),
-            "quick_xor_hash": hashes.get("quickXorHash"),
-            "sha1": hashes.get("sha1Hash"),
+            "parent_id": _text(_mapping(item.get("parentReference")).get("id")),
+            "etag": _text(item.get("eTag")),
+            "ctag": _text(item.get("cTag")),
+            "quick_xor_hash": _text(hashes.get("quickXorHash")),
+            "sha1": _text(hashes.get("sha1Hash")),
         }
         return SourceDocument(
-            source_id=str(item["id"]),
-            title=item.get("name") or str(item["id"]),
-            uri=item.get("webUrl") or self._drive_url(f"/items/{item['id']}"),
-            mime_type=file_facet.get("mimeType"),
-            size=int(size) if isinstance(size, (int, float)) else None,
+            source_id=item_id,
+            title=_text(item.get("name")) or _text(item_id) or "",
+            uri=_text(item.get("webUrl")) or _text(self._drive_url(f"/items/{item_id}")) or "",
+            mime_type=_text(file_facet.get("mimeType")),
+            size=_size(item.get("size")),
             modified_at=_parse_time(item.get("lastModifiedDateTime")),
-            source_version=item.get("cTag") or item.get("eTag"),
-            content_sha256=sha256.lower() if isinstance(sha256, str) and sha256 else None,
+            source_version=_text(item.get("cTag")) or _text(item.get("eTag")),
+            content_sha256=sha256.lower() if sha256 and _SHA256.fullmatch(sha256) else None,
             metadata=metadata,
         )
 
@@ -928,6 +1036,134 @@ def _shared_changed(item: Mapping[str, Any]) -> bool:
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SHA256 = re.compile("[0-9A-Fa-f]{64}")
+_ITEM_TEXT = ("name", "cTag", "eTag", "webUrl")
+"""driveItem fields that must be strings (when present and not null)."""
+_ITEM_FACETS = ("file", "folder", "package", "root", "deleted", "parentReference")
+"""driveItem facets that must be objects (when present and not null); their presence is what counts."""
+_FILE_TEXT = ("mimeType",)
+_HASH_TEXT = ("sha256Hash", "quickXorHash", "sha1Hash")
+_MAX_NOTES = 20
+"""Malformed items named in an incomplete listing's reason (all are logged)."""
+
+
+def _text(value: Any) -> str | None:
+    """``value`` when it is a non-empty string (lone surrogates as U+FFFD: UTF-8 and PostgreSQL refuse
+    them), else ``None``."""
+    if not isinstance(value, str) or not value:
+        return None
+    return _SURROGATE.sub("\ufffd", value)
+
+
+def _size(value: Any) -> int | None:
+    """A byte count: a non-negative int (not a bool), or a finite integral float; else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float) and math.isfinite(value) and value >= 0 and value.is_integer():
+        return int(value)
+    return None
+
+
+def _item_problem(item: dict[str, Any]) -> str | None:
+    """The first field of a driveItem (nulls already dropped) that has the wrong type, or ``None``:
+    ``id`` a non-empty str (no lone surrogates), ``name``/``cTag``/``eTag``/``webUrl`` str, the facets
+    objects, ``size`` a byte count (``_size``), ``file.mimeType`` and ``file.hashes.*`` str,
+    ``parentReference.id`` a non-empty str. ``lastModifiedDateTime`` is not checked: one that cannot be
+    parsed is no modification time."""
+    item_id = item.get("id")
+    if not isinstance(item_id, str) or not item_id or _SURROGATE.search(item_id):
+        return "id"
+    for key in _ITEM_TEXT:
+        if key in item and not isinstance(item[key], str):
+            return key
+    for key in _ITEM_FACETS:
+        if key in item and not isinstance(item[key], dict):
+            return key
+    if "size" in item and _size(item["size"]) is None:
+        return "size"
+    file_facet = item.get("file") or {}
+    for key in _FILE_TEXT:
+        if file_facet.get(key) is not None and not isinstance(file_facet[key], str):
+            return f"file.{key}"
+    hashes = file_facet.get("hashes")
+    if hashes is not None:
+        if not isinstance(hashes, dict):
+            return "file.hashes"
+        for key in _HASH_TEXT:
+            if hashes.get(key) is not None and not isinstance(hashes[key], str):
+                return f"file.hashes.{key}"
+    parent_id = (item.get("parentReference") or {}).get("id")
+    if parent_id is not None and (not isinstance(parent_id, str) or not parent_id):
+        return "parentReference.id"
+    return None
+
+
+def _page_items(body: Mapping[str, Any], what: str, malformed: list[str]) -> Iterator[dict[str, Any]]:
+    """The well-formed driveItems of one delta/children page, each a copy without its null fields.
+
+    A malformed one (``_item_problem``) is skipped: logged with its id (when a string) and the field,
+    and a note appended to ``malformed``. Raises :class:`ListingIncompleteError` when the page's
+    ``value`` is not a list."""
+    value = body.get("value")
+    if not isinstance(value, list):
+        raise ListingIncompleteError(f"{what}: a page without a value list")
+    for raw in value:
+        if not isinstance(raw, dict):
+            problem, item = "not an object", None
+        else:
+            item = {k: v for k, v in raw.items() if v is not None}
+            problem = _item_problem(item)
+        if problem is None and item is not None:
+            yield item
+            continue
+        raw_id = raw.get("id") if isinstance(raw, dict) else None
+        shown = ascii(raw_id[:200]) if isinstance(raw_id, str) else "(no usable id)"
+        log.warning("sharepoint: %s: driveItem %s skipped: malformed %s", what, shown, problem)
+        malformed.append(f"{shown}: {problem}")
+
+
+def _malformed_reason(malformed: Sequence[str]) -> str | None:
+    """The ``incomplete_reason`` for skipped malformed items (``None`` when there were none)."""
+    if not malformed:
+        return None
+    named = "; ".join(malformed[:_MAX_NOTES]) + ("; ..." if len(malformed) > _MAX_NOTES else "")
+    return f"{len(malformed)} malformed driveItem(s) skipped ({named})"
+
+
+def _str_id(value: Any, what: str) -> str:
+    """``value`` when it is a non-empty str id; else :class:`ListingIncompleteError`."""
+    if not isinstance(value, str) or not value:
+        raise ListingIncompleteError(f"Graph {what}: an id that is not a string")
+    return value
+
+
+class _Malformed(ValueError):
+    """A permission or group member with a field of the wrong type; the message names it."""
+
+
+def _typed(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``obj[key]`` when it is an instance of ``kind`` (a bool is no int), ``None`` when absent or null;
+    raises ``_Malformed`` naming ``where`` otherwise."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise _Malformed(f"a malformed field {where} ({type(value).__name__})")
+    return value
+
+
+def _principal_or_nothing(make: Any) -> set[str]:
+    """``{make()}``, or nothing when the id makes no principal (``ValueError``: it grants nothing)."""
+    try:
+        return {make()}
+    except ValueError:
+        log.warning("sharepoint: an identity whose principal would be malformed left out (it grants nothing)")
+        return set()
 
 
 def _valid(principal: str) -> bool:
@@ -948,10 +1184,33 @@ def _expired(value: Any) -> bool:
     return when is None or when <= datetime.now(timezone.utc)  # unparsable: grants nothing
 
 
+_BROKEN_TRANSFER = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
+"""What reading a streamed body raises when the transfer breaks (never ``out.write``'s errors)."""
+
+
+def _copy_body(response: requests.Response, out: BinaryIO) -> None:
+    """Write a streamed response's body to ``out`` in pieces of at most ``FETCH_PIECE_BYTES``. A read
+    that fails (connection reset, a body shorter than its ``Content-Length``, a timeout) raises a
+    transient :class:`SourceError` saying how many bytes had arrived; ``out.write``'s own errors pass
+    unchanged (the write is outside the ``try``)."""
+    pieces = response.iter_content(FETCH_PIECE_BYTES)
+    written = 0
+    while True:
+        try:
+            piece = next(pieces, None)
+        except _BROKEN_TRANSFER as exc:
+            raise SourceError(f"Graph download broke off after {written} bytes: {type(exc).__name__}") from None
+        if piece is None:
+            return
+        for start in range(0, len(piece), FETCH_PIECE_BYTES):
+            out.write(piece[start:start + FETCH_PIECE_BYTES])
+        written += len(piece)
+
+
 def _graph_error_code(response: requests.Response) -> str:
     try:
         return str(response.json()["error"]["code"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError, requests.RequestException):
         return ""
 
 
