@@ -11,8 +11,6 @@ _R = "rag_pipeline_tests/test_fuzz_regressions.py::"
 KNOWN: list[tuple[str, ...]] = [
     # (exception type, file of the innermost rag_pipeline/fuzz frame, regression test[, text in the message
     # [, target]])
-    ("TypeError", "rag_pipeline/sources/zotero.py", _R + "test_zotero_item_with_fields_of_the_wrong_type"),
-    ("OverflowError", "rag_pipeline/sources/zotero.py", _R + "test_zotero_item_with_fields_of_the_wrong_type"),
 ]
 
 

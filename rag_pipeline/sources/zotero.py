@@ -6,7 +6,9 @@ collections become the ``metadata`` of each of their attachments. Notes and anno
 ingested. A top-level attachment without a parent is its own parent.
 
 **Link modes.** ``imported_file`` and ``imported_url`` are downloaded through
-``GET <library>/items/<key>/file``. ``linked_file`` is read from disk: the path Zotero recorded is
+``GET <library>/items/<key>/file``, streamed (``fetch_to``: pieces of at most ``FETCH_PIECE_BYTES``) and
+following its redirect to the storage server (S3 on zotero.org) without the API key, which goes to the
+API's own origin only. ``linked_file`` is read from disk, in pieces too: the path Zotero recorded is
 mapped with ``path_prefix_map`` (a Windows drive path to a POSIX mount, longest prefix first, case-
 insensitive for Windows paths), ``attachments:<relative>`` paths are taken relative to
 ``linked_files_root``, and the result must lie under ``linked_files_root`` or one of the mapping
@@ -19,7 +21,11 @@ Whether the bytes really are what ``contentType`` claims is for the extraction l
 reached; a page that fails, a listing that comes up short of ``Total-Results`` or a library whose
 ``Last-Modified-Version`` moves between pages gives ``Inventory(complete=False)``, which never drives
 deletions. ``Inventory.cursor`` is the watermark the listing was read at; ``expected_total`` counts
-API items (notes and parents included), not documents.
+API items (notes and parents included), not documents. A page that is not a JSON list raises
+``ListingIncompleteError`` (the first page) or ends the listing incomplete. An item that cannot be used
+at all (not an object, ``data`` not an object, no usable key, ``itemType``/``parentItem``/``deleted`` of
+the wrong type) is left out with a log line naming it, and the listing (or change set) is incomplete;
+a metadata field of the wrong type is ignored and the item kept (``_to_document`` says how).
 
 **Change feed.** The cursor is the library's ``Last-Modified-Version`` (with the library and API URL,
 so a cursor from another library or server is never reused). ``changes(cursor)`` sends
@@ -87,8 +93,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, BinaryIO
+from urllib.parse import quote, urlsplit
 
 import httpx2
 import pyzotero
@@ -98,6 +104,7 @@ from rag_pipeline.permissions.principals import EVERYONE
 from rag_pipeline.permissions.principals import group as group_principal
 from rag_pipeline.permissions.principals import user as user_principal
 from rag_pipeline.sources.base import (
+    FETCH_PIECE_BYTES,
     ChangeFeedUnavailable,
     ChangeSet,
     DocumentSkipped,
@@ -107,6 +114,7 @@ from rag_pipeline.sources.base import (
     Scope,
     SourceDocument,
     SourceError,
+    fetch_via,
 )
 from rag_pipeline.sources.http import parse_retry_after
 
@@ -124,6 +132,7 @@ FETCHED_LINK_MODES = frozenset({"imported_file", "imported_url"})
 _LIBRARY_RE = re.compile(r"^(users|groups)/(\d+)$")
 _CURSOR_FORMAT = 1
 _KEY_BATCH = 50  # the API's limit for itemKey=
+_MAX_REDIRECTS = 5  # hops followed by a download (the API answers one, to the storage server)
 _MAX_PAGE = 100  # the API's limit for limit=
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _SKIPPED_ITEM_TYPES = frozenset({"note", "annotation"})
@@ -333,30 +342,93 @@ class LinkedFileResolver:
 # --------------------------------------------------------------------------------------------------
 
 
-def _data(item: Mapping[str, Any]) -> dict[str, Any]:
+_ITEM_KEY_RE = re.compile(r"^[A-Za-z0-9]{1,32}$")
+_MAX_VERSION = 2**63 - 1
+_TEXT_FIELDS = ("linkMode", "title", "filename", "path", "contentType", "md5", "url", "dateModified", "DOI",
+                "extra", "date")
+_LIST_FIELDS = ("tags", "creators", "collections")
+
+
+def _data(item: Any) -> dict[str, Any]:
+    """``item["data"]`` when ``item`` is a dict whose ``data`` is a dict, else ``{}``."""
     data = item.get("data") if isinstance(item, Mapping) else None
     return data if isinstance(data, dict) else {}
 
 
-def _key(item: Mapping[str, Any]) -> str | None:
+def _key(item: Any) -> str | None:
+    """The item key (``key``, else ``data.key``) when it is a string, else ``None``."""
     key = item.get("key") if isinstance(item, Mapping) else None
     key = key or _data(item).get("key")
-    return str(key) if key else None
+    return key if isinstance(key, str) and key else None
 
 
-def _version(item: Mapping[str, Any]) -> int:
-    try:
-        return int(item.get("version", _data(item).get("version", 0)) or 0)
-    except (TypeError, ValueError):
+def _malformed(item: Any) -> str | None:
+    """Why ``item`` cannot be used at all, or ``None``: not a JSON object, ``data`` not an object, no
+    usable key (1-32 ASCII letters/digits), ``itemType`` not a string, ``parentItem`` not a key, or
+    ``deleted`` not a boolean/0/1. Such an item is skipped and the listing it came in marked incomplete
+    (its kind, parent or trash state is unknown, so neither keeping nor deleting it is safe). Fields that
+    only feed metadata are checked where they are read and ignored when of the wrong type."""
+    if not isinstance(item, dict):
+        return f"not a JSON object ({type(item).__name__})"
+    data = item.get("data")
+    if not isinstance(data, dict):
+        return f"'data' is not a JSON object ({type(data).__name__})"
+    key = _key(item)
+    if key is None or not _ITEM_KEY_RE.match(key):
+        return "no usable item key"
+    if not isinstance(data.get("itemType"), str) or not data["itemType"]:
+        return f"'itemType' is not a string ({type(data.get('itemType')).__name__})"
+    parent = data.get("parentItem")
+    if parent not in (None, False, "") and not (isinstance(parent, str) and _ITEM_KEY_RE.match(parent)):
+        return "'parentItem' is not an item key"
+    if data.get("deleted") not in (None, False, True, 0, 1) or isinstance(data.get("deleted"), float):
+        return "'deleted' is not a boolean"
+    return None
+
+
+def _label(item: Any, index: int) -> str:
+    """How a log line names a (possibly malformed) item: its key, shortened, or its place on the page."""
+    key = item.get("key") if isinstance(item, Mapping) else None
+    return repr(key)[:40] if isinstance(key, str) else f"#{index} of the page"
+
+
+def _version_value(value: Any) -> int | None:
+    """A Zotero version (a non-negative integer below 2**63, or such a string of digits), else ``None``."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_VERSION:
+        return value
+    return None
+
+
+def _version(item: Any) -> int:
+    """The item's ``version`` (else ``data.version``); 0 when absent or of the wrong type (inf, NaN, a
+    bool, a float, a word, a list: ignored, never an error)."""
+    if not isinstance(item, Mapping):
         return 0
+    raw = item.get("version", _data(item).get("version", 0))
+    version = _version_value(raw)
+    return version if version is not None else 0
 
 
 def _trashed(item: Mapping[str, Any]) -> bool:
-    return bool(_data(item).get("deleted"))
+    return _data(item).get("deleted") in (True, 1)
 
 
 def _item_type(item: Mapping[str, Any]) -> str:
-    return str(_data(item).get("itemType") or "")
+    value = _data(item).get("itemType")
+    return value if isinstance(value, str) else ""
+
+
+def _wrong_typed(item: Mapping[str, Any]) -> list[str]:
+    """Names of fields of ``item`` that are present but of the wrong type (they are ignored)."""
+    data = _data(item)
+    wrong = [name for name in _TEXT_FIELDS if data.get(name) is not None and not isinstance(data[name], str)]
+    wrong += [name for name in _LIST_FIELDS if data.get(name) is not None and not isinstance(data[name], list)]
+    raw = item.get("version", data.get("version")) if isinstance(item, Mapping) else None
+    if raw is not None and _version_value(raw) is None:
+        wrong.append("version")
+    return wrong
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -388,30 +460,61 @@ def _doi(data: Mapping[str, Any]) -> str | None:
     return doi or None
 
 
+def _list(data: Mapping[str, Any], name: str) -> list[Any]:
+    """``data[name]`` when it is a list, else ``[]`` (absent, or of the wrong type: ignored)."""
+    value = data.get(name)
+    return value if isinstance(value, list) else []
+
+
 def _creators(data: Mapping[str, Any]) -> list[dict[str, str]]:
+    """``[{"type", "name"}]`` from ``data.creators``: members that are not objects, and name parts that are
+    not strings, are ignored."""
     result = []
-    for creator in data.get("creators") or []:
+    for creator in _list(data, "creators"):
         if not isinstance(creator, dict):
             continue
-        name = creator.get("name") or ", ".join(
-            str(p) for p in (creator.get("lastName"), creator.get("firstName")) if p)
+        name = _text(creator.get("name")) or ", ".join(
+            p for p in (_text(creator.get("lastName")), _text(creator.get("firstName"))) if p)
         if name:
-            result.append({"type": str(creator.get("creatorType") or ""), "name": str(name)})
+            result.append({"type": _text(creator.get("creatorType")) or "", "name": name})
     return result
 
 
 def _tags(*datas: Mapping[str, Any]) -> list[str]:
+    """Tag names from each ``data.tags`` (objects with a string ``tag``, or strings), first seen first;
+    anything else is ignored."""
     seen: dict[str, None] = {}
     for data in datas:
-        for tag in data.get("tags") or []:
+        for tag in _list(data, "tags"):
             text = tag.get("tag") if isinstance(tag, dict) else tag
             if isinstance(text, str) and text:
                 seen.setdefault(text, None)
     return list(seen)
 
 
-def _str_or_none(value: Any) -> str | None:
-    return str(value) if value not in (None, "") else None
+def _text(value: Any) -> str | None:
+    """``value`` when it is a non-empty string, else ``None`` (a number, list or object is ignored)."""
+    return value if isinstance(value, str) and value else None
+
+
+_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def _storable(text: str | None) -> str | None:
+    """``text`` without U+0000 and with lone surrogates (a JSON ``\\ud800`` escape) as U+FFFD: what a
+    PostgreSQL TEXT column takes. For display fields only (titles), never for a path or a key."""
+    return None if text is None else _LONE_SURROGATE_RE.sub("\ufffd", text.replace("\x00", ""))
+
+
+def _content_type(value: Any) -> str | None:
+    """A ``contentType`` that looks like a media type (printable ASCII, at most 255 characters), else ``None``."""
+    text = _text(value)
+    return text if text and len(text) <= 255 and text.isascii() and text.isprintable() else None
+
+
+def _is_user_id(value: Any) -> bool:
+    """A Zotero user id as the API sends it: a JSON integer (not a bool), non-negative."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_VERSION
 
 
 # --------------------------------------------------------------------------------------------------
@@ -430,6 +533,8 @@ class _Pages:
     versions: list[int] = field(default_factory=list)
     pages: int = 0
     failure: SourceError | None = None
+    skipped: list[tuple[str | None, str]] = field(default_factory=list)
+    """Malformed items left out, ``(key or None, "<label>: <why>")``: the listing is then not complete."""
 
     @property
     def error(self) -> str | None:
@@ -447,7 +552,14 @@ class _Pages:
         if len(set(self.versions)) > 1:
             return (f"the library changed during the listing (Last-Modified-Version "
                     f"{self.versions[0]} -> {self.versions[-1]})")
+        if self.skipped:
+            return _skipped_reason(self.skipped)
         return None
+
+
+def _skipped_reason(skipped: Sequence[tuple[str | None, str]]) -> str:
+    """``"2 malformed Zotero item(s) skipped (first: 'AB': 'data' is not a JSON object)"``."""
+    return f"{len(skipped)} malformed Zotero item(s) skipped (first: {skipped[0][1]})"
 
 
 class ZoteroSource:
@@ -572,32 +684,44 @@ class ZoteroSource:
             return None
 
     def _pages(self, first: Callable[[], Any]) -> _Pages:
-        """Read a paged pyzotero listing to the end (following ``Link: rel="next"``)."""
+        """Read a paged pyzotero listing to the end (following ``Link: rel="next"``). A page that is not a
+        JSON list stops it with ``ListingIncompleteError``; a malformed item (``_malformed``) is left out with
+        a log line naming it and recorded in ``skipped``."""
         result = _Pages()
         try:
             page = first()
             while True:
-                result.pages += 1
                 if not isinstance(page, list):
-                    raise SourceError(f"expected a JSON list, got {type(page).__name__}")
+                    raise ListingIncompleteError(f"Zotero page {result.pages + 1} of the listing is not a JSON "
+                                                 f"list ({type(page).__name__})")
+                result.pages += 1
                 if result.total is None:
                     result.total = self._last_header_int("Total-Results")
                 version = self._last_header_int("Last-Modified-Version")
                 if version is not None:
                     result.versions.append(version)
-                for item in page:
+                for index, item in enumerate(page):
                     result.received += 1
-                    if (key := _key(item)) is not None:
-                        result.items[key] = item
+                    problem = _malformed(item)
+                    if problem is not None:
+                        label = _label(item, index)
+                        log.warning("Zotero %s: skipped a malformed item %s: %s", self.name, label, problem)
+                        result.skipped.append((_key(item), f"{label}: {problem}"))
+                        continue
+                    result.items[_key(item)] = item
                 if not (self._zot.links and self._zot.links.get("next")):
                     break
                 page = self._zot.follow()
-        except (pyzotero.PyZoteroError, httpx2.HTTPError, _RetryableStatus, SourceError, ValueError) as exc:
+        except ListingIncompleteError as exc:
+            result.failure = exc
+        except (pyzotero.PyZoteroError, httpx2.HTTPError, _RetryableStatus, SourceError, ValueError,
+                RecursionError) as exc:
             result.failure = self._error(f"page {result.pages + 1} of the listing", exc)
         return result
 
-    def _items_by_key(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """Fetch items (trashed ones included) by key, 50 per request; absent keys are left out."""
+    def _items_by_key(self, keys: Iterable[str], skipped: list[tuple[str | None, str]] | None = None) -> dict[str, dict[str, Any]]:
+        """Fetch items (trashed ones included) by key, 50 per request; absent keys are left out, malformed
+        ones too (added to ``skipped``). Raises ``ListingIncompleteError``."""
         found: dict[str, dict[str, Any]] = {}
         ordered = sorted(set(keys))
         for start in range(0, len(ordered), _KEY_BATCH):
@@ -607,12 +731,18 @@ class ZoteroSource:
             if pages.error or (pages.total is not None and pages.received < pages.total):
                 raise ListingIncompleteError(f"fetching changed Zotero items: {pages.problem()}")
             found.update(pages.items)
+            if skipped is not None:
+                skipped.extend(pages.skipped)
         return found
 
-    def _children(self, key: str) -> dict[str, dict[str, Any]]:
+    def _children(self, key: str, skipped: list[tuple[str | None, str]] | None = None) -> dict[str, dict[str, Any]]:
+        """The child items of ``key`` (trashed ones included); malformed ones are added to ``skipped``.
+        Raises ``ListingIncompleteError``."""
         pages = self._pages(lambda: self._zot.children(key, includeTrashed=1, limit=self.page_size))
         if pages.error or (pages.total is not None and pages.received < pages.total):
             raise ListingIncompleteError(f"listing the children of Zotero item {key}: {pages.problem()}")
+        if skipped is not None:
+            skipped.extend(pages.skipped)
         return pages.items
 
     # ---------------------------------------------------------------- documents
@@ -623,25 +753,47 @@ class ZoteroSource:
         return f"zotero://select/groups/{self.library_id}/items/{key}"
 
     def _to_document(self, attachment: Mapping[str, Any], parent: Mapping[str, Any]) -> SourceDocument:
-        """The document for one attachment item, with its parent item's bibliographic metadata."""
+        """The document for one attachment item, with its parent item's bibliographic metadata.
+
+        Fields of the wrong JSON type are ignored (logged once per item, naming it and the fields): a
+        ``linkMode`` that is not a string is an unknown link mode (``skip_reason``); text fields (title,
+        filename, path, contentType, md5, url, dateModified) that are not strings are ``None``; ``tags``,
+        ``creators``, ``collections`` that are not lists are empty, and their members of the wrong type are
+        dropped; a ``version`` that is not a non-negative integer counts as 0; an enclosure ``length`` that
+        is not a non-negative integer gives ``size=None``."""
         data, pdata = _data(attachment), _data(parent)
         key = _key(attachment) or ""
-        mode = data.get("linkMode")
+        wrong = _wrong_typed(attachment) + [f"parent {name}" for name in _wrong_typed(parent)
+                                            if parent is not attachment]
+        if wrong:
+            log.warning("Zotero %s: item %r: ignored field(s) of the wrong type: %s", self.name, key[:40],
+                        ", ".join(wrong))
+        raw_mode = data.get("linkMode")
+        mode = raw_mode if isinstance(raw_mode, str) else None
         version = str(_version(attachment))
         size = None
-        enclosure = (attachment.get("links") or {}).get("enclosure") if isinstance(attachment.get("links"), dict) else None
-        if isinstance(enclosure, dict) and isinstance(enclosure.get("length"), int):
-            size = enclosure["length"]
+        links = attachment.get("links")
+        enclosure = links.get("enclosure") if isinstance(links, dict) else None
+        length = enclosure.get("length") if isinstance(enclosure, dict) else None
+        if isinstance(length, int) and not isinstance(length, bool) and 0 <= length <= _MAX_VERSION:
+            size = length
         modified_at = _parse_time(data.get("dateModified"))
+        recorded_path = _text(data.get("path"))
         skip_reason = None
         if mode in FETCHED_LINK_MODES:
             pass
         elif mode == "linked_file":
-            path, skip_reason = self.resolver.resolve(str(data.get("path") or ""))
+            path, skip_reason = self.resolver.resolve(recorded_path or "")
+            stat = None
             if path is not None:
-                stat = path.stat()
+                try:
+                    stat = path.stat()
+                    stat_time = datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc)
+                except (OSError, OverflowError, ValueError) as exc:  # gone since resolve(); a wild mtime
+                    stat, skip_reason = None, f"{LINKED_NOT_REACHABLE}: {path} ({exc.__class__.__name__})"
+            if stat is not None:
                 size, version = stat.st_size, f"{version}:{stat.st_mtime_ns}:{stat.st_size}"
-                modified_at = datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc)
+                modified_at = stat_time
             else:
                 version = f"{version}:unreachable"
         elif mode == "linked_url":
@@ -649,33 +801,33 @@ class ZoteroSource:
         elif mode == "embedded_image":
             skip_reason = "Zotero embedded_image attachment: an image inside a note, not a document"
         else:
-            skip_reason = f"unknown Zotero attachment link mode {mode!r}: not ingested"
-        parent_title = _str_or_none(pdata.get("title"))
+            skip_reason = f"unknown Zotero attachment link mode {repr(raw_mode)[:60]}: not ingested"
+        parent_title = _text(pdata.get("title"))
         metadata: dict[str, Any] = {
             "library": self.library,
             "item_key": _key(parent),
-            "item_type": _str_or_none(pdata.get("itemType")),
+            "item_type": _text(pdata.get("itemType")),
             "title": parent_title,
             "creators": _creators(pdata),
             "year": _year(parent),
             "doi": _doi(pdata),
             "tags": _tags(pdata, data) if parent is not attachment else _tags(data),
-            "collections": [str(c) for c in pdata.get("collections") or [] if isinstance(c, str)],
-            "attachment_title": _str_or_none(data.get("title")),
-            "filename": _str_or_none(data.get("filename")),
-            "link_mode": _str_or_none(mode),
-            "content_type": _str_or_none(data.get("contentType")),
-            "md5": _str_or_none(data.get("md5")),
-            "url": _str_or_none(data.get("url")) or _str_or_none(pdata.get("url")),
-            "path": _str_or_none(data.get("path")) if mode == "linked_file" else None,
+            "collections": [c for c in _list(pdata, "collections") if isinstance(c, str)],
+            "attachment_title": _text(data.get("title")),
+            "filename": _text(data.get("filename")),
+            "link_mode": mode,
+            "content_type": _content_type(data.get("contentType")),
+            "md5": _text(data.get("md5")),
+            "url": _text(data.get("url")) or _text(pdata.get("url")),
+            "path": recorded_path if mode == "linked_file" else None,
             "attachment_version": _version(attachment),
             "item_version": _version(parent),
         }
         return SourceDocument(
             source_id=key,
-            title=parent_title or _str_or_none(data.get("title")) or _str_or_none(data.get("filename")) or key,
+            title=_storable(parent_title or _text(data.get("title")) or _text(data.get("filename")) or key),
             uri=self._uri(key),
-            mime_type=_str_or_none(data.get("contentType")),
+            mime_type=_content_type(data.get("contentType")),
             size=size,
             modified_at=modified_at,
             source_version=version,
@@ -688,13 +840,20 @@ class ZoteroSource:
                    parents: Mapping[str, dict[str, Any]]) -> tuple[list[SourceDocument], list[str]]:
         """Documents for the attachments among ``items`` whose parent (looked up in ``parents``) is
         present and not trashed; also the keys of attachments that are gone (trashed themselves, or
-        their parent trashed or missing)."""
+        their parent trashed or missing). A malformed item (``_malformed``; ``_pages`` already leaves
+        those out) is neither: it is skipped with a log line."""
         documents, gone = [], []
         for key, item in items.items():
+            if (problem := _malformed(item)) is not None:
+                log.warning("Zotero %s: skipped a malformed item %r: %s", self.name, str(key)[:40], problem)
+                continue
             if _item_type(item) != "attachment":
                 continue
             parent_key = _data(item).get("parentItem")
-            parent = item if not parent_key else parents.get(str(parent_key))
+            parent = item if not parent_key else parents.get(parent_key)
+            if parent is not None and _malformed(parent) is not None:
+                log.warning("Zotero %s: skipped attachment %r: its parent is malformed", self.name, key[:40])
+                continue
             if _trashed(item) or parent is None or _trashed(parent):
                 gone.append(key)
                 continue
@@ -732,33 +891,48 @@ class ZoteroSource:
 
         Raises ``ChangeFeedUnavailable`` (do a full listing), ``ListingIncompleteError`` when part of
         the change set could not be read (nothing of it should be applied), ``SourceError`` otherwise.
+        Malformed items (``_malformed``, or a changed key that is not an item key) are left out with a log
+        line and give ``complete=False`` with the reason: the rest is applied, nothing is deleted and the
+        cursor stays where it was.
         """
         since = self._cursor_version(cursor)
+        skipped: list[tuple[str | None, str]] = []
         with self._lock:
             probe = self._changed_versions(since)
             if probe is None:
                 log.info("Zotero %s: not modified since version %d", self.name, since)
                 return ChangeSet(upserts=[], deleted_ids=[], next_cursor=self._cursor(since))
             changed, library_version = probe
+            for key in [k for k in changed if not _ITEM_KEY_RE.match(k)]:
+                log.warning("Zotero %s: skipped a changed item with a malformed key %r", self.name, key[:40])
+                skipped.append((None, f"{key[:40]!r}: no usable item key"))
+                del changed[key]
             deleted = self._deleted_keys(since)
-            items = self._items_by_key(changed)
+            items = self._items_by_key(changed, skipped)
             changed_parents = {k: v for k, v in items.items()
                                if _item_type(v) not in _SKIPPED_ITEM_TYPES and _item_type(v) != "attachment"}
             candidates = {k: v for k, v in items.items() if _item_type(v) == "attachment"}
             for parent_key in changed_parents:
-                for key, child in self._children(parent_key).items():
+                for key, child in self._children(parent_key, skipped).items():
                     if _item_type(child) == "attachment" and _version(child) >= _version(candidates.get(key, {})):
                         candidates[key] = child
-            wanted = {str(_data(a).get("parentItem")) for a in candidates.values() if _data(a).get("parentItem")}
+            wanted = {_data(a)["parentItem"] for a in candidates.values() if _data(a).get("parentItem")}
             parents = dict(changed_parents)
-            parents.update(self._items_by_key(wanted - parents.keys()))
+            parents.update(self._items_by_key(wanted - parents.keys(), skipped))
             upserts, gone = self._documents(candidates, parents)
+            # an attachment whose parent was malformed is not known to be gone: not a deletion
+            malformed_keys = {key for key, _ in skipped if key}
+            gone = [key for key in gone if _data(candidates[key]).get("parentItem") not in malformed_keys]
         upserted = {d.source_id for d in upserts}
         deleted_ids = sorted((set(deleted) | set(gone)) - upserted)
         log.info("Zotero %s: %d changed items since version %d -> %d: %d upserts, %d deletions",
                  self.name, len(changed), since, library_version, len(upserts), len(deleted_ids))
+        reason = _skipped_reason(skipped) if skipped else None
+        if reason:
+            log.warning("Zotero %s: incomplete change set: %s", self.name, reason)
         return ChangeSet(upserts=sorted(upserts, key=lambda d: d.source_id), deleted_ids=deleted_ids,
-                         next_cursor=self._cursor(library_version))
+                         next_cursor=self._cursor(library_version), complete=reason is None,
+                         incomplete_reason=reason)
 
     def _changed_versions(self, since: int) -> tuple[dict[str, int], int] | None:
         """``GET <library>/items?since=V&format=versions&includeTrashed=1`` with
@@ -788,7 +962,7 @@ class ZoteroSource:
             library_version = int(response.headers["Last-Modified-Version"])
             versions = response.json()
             changed = {str(k): int(v) for k, v in versions.items()}
-        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        except (KeyError, ValueError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
             raise SourceError(f"malformed Zotero changed-versions answer: {exc!r}") from exc
         if library_version < since:
             raise ChangeFeedUnavailable(
@@ -802,44 +976,122 @@ class ZoteroSource:
             deleted = self._zot.deleted(since=since)
         except (pyzotero.UnsupportedParamsError, pyzotero.ResourceNotFoundError, pyzotero.PreConditionFailedError) as exc:
             raise ChangeFeedUnavailable(f"the Zotero API rejected /deleted?since={since}: full listing needed") from exc
-        except (pyzotero.PyZoteroError, httpx2.HTTPError, _RetryableStatus, ValueError) as exc:
+        except (pyzotero.PyZoteroError, httpx2.HTTPError, _RetryableStatus, ValueError, RecursionError) as exc:
             raise self._error("reading deletions", exc) from exc
         items = deleted.get("items") if isinstance(deleted, dict) else None
         if not isinstance(items, list):
             raise SourceError("malformed Zotero /deleted answer: no 'items' list")
-        return [str(k) for k in items]
+        keys = [k for k in items if isinstance(k, str)]
+        if len(keys) < len(items):  # a tombstone that is not a string names no document: nothing to delete
+            log.warning("Zotero %s: ignored %d entries of /deleted that are not item keys", self.name,
+                        len(items) - len(keys))
+        return keys
 
     def fetch(self, document: SourceDocument) -> bytes:
-        """The attachment's bytes: downloaded (``imported_*``) or read from the mount (``linked_file``).
+        """The attachment's bytes (``fetch_to`` into memory; the pipeline streams). Same errors as ``fetch_to``."""
+        return fetch_via(self.fetch_to, document)
+
+    def fetch_to(self, document: SourceDocument, out: BinaryIO) -> None:
+        """Write the attachment's bytes to ``out`` in pieces of at most ``FETCH_PIECE_BYTES`` as they arrive:
+        streamed from ``GET <library>/items/<key>/file`` (``imported_*``, following its redirect to the
+        storage server, see ``_download``) or read from the mount (``linked_file``).
 
         Raises ``DocumentSkipped`` for documents with a ``skip_reason``, a linked file that is gone and
         a file the Zotero server does not have (404); ``SourceError`` for everything else (transient
-        unless the key was refused).
+        unless the key was refused or the request rejected). What ``out.write`` raises (the size cap)
+        propagates unchanged and stops the read; nothing is retried once a byte was written.
         """
         if document.skip_reason:
             raise DocumentSkipped(document.skip_reason)
-        mode = document.metadata.get("link_mode")
+        metadata = document.metadata or {}
+        mode = metadata.get("link_mode")
         if mode == "linked_file":
-            path, reason = self.resolver.resolve(str(document.metadata.get("path") or ""))
-            if path is None:
-                raise DocumentSkipped(reason or LINKED_NOT_REACHABLE)
-            try:
-                return path.read_bytes()
-            except FileNotFoundError:
-                raise DocumentSkipped(f"{LINKED_NOT_REACHABLE}: {path} disappeared") from None
-            except OSError as exc:
-                raise SourceError(f"reading linked file {path} failed: {exc.__class__.__name__}") from exc
-        if mode not in FETCHED_LINK_MODES:
-            raise DocumentSkipped(f"unknown Zotero attachment link mode {mode!r}: not ingested")
+            self._read_linked(_text(metadata.get("path")) or "", out)
+            return
+        if not (isinstance(mode, str) and mode in FETCHED_LINK_MODES):
+            raise DocumentSkipped(f"unknown Zotero attachment link mode {repr(mode)[:60]}: not ingested")
         with self._lock:
+            self._download(document.source_id, out)
+
+    def _read_linked(self, recorded: str, out: BinaryIO) -> None:
+        """Copy the linked file ``recorded`` (resolved and contained by ``self.resolver``) to ``out`` in pieces.
+        ``DocumentSkipped`` when it cannot be reached or is gone; ``SourceError`` for another ``OSError``."""
+        path, reason = self.resolver.resolve(recorded)
+        if path is None:
+            raise DocumentSkipped(reason or LINKED_NOT_REACHABLE)
+        try:
+            # O_NOFOLLOW: the resolved path has no symlink left; one swapped in since is refused
+            handle = os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb")
+        except FileNotFoundError:
+            raise DocumentSkipped(f"{LINKED_NOT_REACHABLE}: {path} disappeared") from None
+        except OSError as exc:
+            raise SourceError(f"reading linked file {path} failed: {exc.__class__.__name__}") from exc
+        with handle:
+            while True:
+                try:
+                    piece = handle.read(FETCH_PIECE_BYTES)
+                except OSError as exc:
+                    raise SourceError(f"reading linked file {path} failed: {exc.__class__.__name__}") from exc
+                if not piece:
+                    return
+                out.write(piece)
+
+    def _download(self, key: str, out: BinaryIO) -> None:
+        """Stream ``GET <api>/<library>/items/<key>/file`` to ``out`` (see ``fetch_to``).
+
+        The request goes through the retrying client (429/5xx and transport errors before the body are
+        retried by ``_RetryingTransport``; an error while the body arrives is not, as bytes may already be
+        written). Redirects (the API answers ``302`` to the storage server, S3 on zotero.org) are followed
+        here, at most ``_MAX_REDIRECTS``: the ``Authorization`` header (the key) goes only to the API's own
+        origin (scheme, host, port); a redirect from https to http, or to another scheme, is refused.
+        Status mapping: 404 -> ``DocumentSkipped``; 400/401/403 -> ``SourceError(transient=False)``; any
+        other non-200 -> transient ``SourceError``. Messages name the attachment, status or error class,
+        never the key, a URL query (S3 signatures) or a body."""
+        what = f"download of attachment {key}"
+        url = httpx2.URL(f"{self.api_url}/{self.library}/items/{quote(key, safe='')}/file")
+        api_origin = (url.scheme, url.host, url.port)
+        api_headers = self._zot.default_headers()
+        foreign_headers = {k: v for k, v in api_headers.items() if k.lower() not in ("authorization", "zotero-api-key")}
+        for _hop in range(_MAX_REDIRECTS + 1):
+            headers = api_headers if (url.scheme, url.host, url.port) == api_origin else foreign_headers
             try:
-                body = self._zot.file(document.source_id)
-            except pyzotero.ResourceNotFoundError:
-                raise DocumentSkipped("the Zotero server has no file for this attachment (HTTP 404)") from None
-            except (pyzotero.PyZoteroError, httpx2.HTTPError, _RetryableStatus, ValueError) as exc:
-                raise self._error(f"download of attachment {document.source_id}", exc) from exc
-            # pyzotero parses JSON/XML bodies by content type; the raw bytes are on the response
-            return body if isinstance(body, bytes) else self._zot.request.content
+                with self._client.stream("GET", url, headers=headers, follow_redirects=False) as response:
+                    if response.is_redirect:
+                        url = self._redirect_target(url, response.headers.get("Location", ""), what)
+                        continue
+                    if response.status_code == 404:
+                        raise DocumentSkipped("the Zotero server has no file for this attachment (HTTP 404)")
+                    if response.status_code != 200:
+                        hint = {401: " (the API key was refused)", 403: " (the API key was refused or cannot "
+                                "read it)"}.get(response.status_code, "")
+                        raise SourceError(f"Zotero {what} failed: HTTP {response.status_code}{hint}",
+                                          transient=response.status_code not in (400, 401, 403))
+                    pieces = response.iter_bytes(FETCH_PIECE_BYTES)
+                    while (piece := next(pieces, None)) is not None:
+                        out.write(piece)  # the size cap raises here: it passes, and the with closes the stream
+                    return
+            except (httpx2.HTTPError, _RetryableStatus) as exc:
+                detail = f"{exc.__class__.__name__}: {exc}"
+                detail = re.sub(r"\?\S*", "", detail)  # an S3 signature must not reach a message or log
+                raise SourceError(f"Zotero {what} failed: {detail[:300]}") from None
+        raise SourceError(f"Zotero {what} failed: more than {_MAX_REDIRECTS} redirects")
+
+    @staticmethod
+    def _redirect_target(current: httpx2.URL, location: str, what: str) -> httpx2.URL:
+        """The URL a redirect from ``current`` points to; ``SourceError`` for none, an invalid one, another
+        scheme than http(s), or https -> http (the URL is never put in the message: it may carry a signature)."""
+        if not location:
+            raise SourceError(f"Zotero {what} failed: a redirect without a Location")
+        try:
+            target = current.join(location)
+        except (httpx2.InvalidURL, ValueError):
+            raise SourceError(f"Zotero {what} failed: redirected to an invalid URL", transient=False) from None
+        if target.scheme not in ("http", "https") or not target.host:
+            raise SourceError(f"Zotero {what} failed: redirected to a {target.scheme or 'relative'!s:.10} URL",
+                              transient=False)
+        if current.scheme == "https" and target.scheme == "http":
+            raise SourceError(f"Zotero {what} failed: redirected from https to plain http", transient=False)
+        return target
 
     # ---------------------------------------------------------------- permissions
 
@@ -871,7 +1123,7 @@ class ZoteroSource:
             return response.text
         try:
             return response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
             raise SourceError(f"{what} answered something that is not JSON") from None
 
     def _access_problem(self) -> str | None:
@@ -890,9 +1142,10 @@ class ZoteroSource:
             return "the API key check (GET /keys/current) answered no JSON object"
         access = key.get("access") if isinstance(key.get("access"), Mapping) else {}
         if self.library_type == "user":
-            if str(key.get("userID")) != self.library_id:
-                return (f"the API key belongs to Zotero user {key.get('userID')!s:.20}, not to the owner of "
-                        f"{self.library}")
+            user_id = key.get("userID")
+            if not (_is_user_id(user_id) and str(user_id) == self.library_id):
+                shown = str(user_id)[:20] if _is_user_id(user_id) else f"of type {type(user_id).__name__}"
+                return f"the API key belongs to Zotero user {shown}, not to the owner of {self.library}"
             user_access = access.get("user") if isinstance(access.get("user"), Mapping) else {}
             if user_access.get("library") is not True:
                 return f"the API key has no read access to {self.library} (access.user.library is not granted)"
@@ -915,7 +1168,7 @@ class ZoteroSource:
             raise SourceError(f"{what} answered no 'data' object")
         if str(data.get("id", body.get("id"))) != self.library_id:
             raise SourceError(f"{what} answered another group ({str(data.get('id'))[:20]})")
-        if not isinstance(data.get("type"), str) or not isinstance(data.get("owner"), int):
+        if not isinstance(data.get("type"), str) or not _is_user_id(data.get("owner")):
             raise SourceError(f"{what} answered a group without 'type' or 'owner'")
         return data
 
@@ -932,6 +1185,8 @@ class ZoteroSource:
                     data = self._group_data()
             except SourceError as exc:
                 problem = str(exc)
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:  # an answer of a shape not foreseen
+                problem = f"the permission answer could not be read ({exc.__class__.__name__})"
         if problem is not None:
             log.warning("Zotero %s: permissions unreadable: %s", self.name, problem)
             return Scope.unreadable(f"Zotero {self.library}: {problem}")
@@ -976,11 +1231,14 @@ class ZoteroSource:
         try:
             with self._lock:
                 data = self._group_data()
-            ids = [data["owner"], *(data.get("admins") or []), *(data.get("members") or [])]
-            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            admins, others = data.get("admins", []), data.get("members", [])
+            if not (isinstance(admins, list) and isinstance(others, list)):
+                raise SourceError("the group's admins/members are not lists")
+            ids = [data["owner"], *admins, *others]
+            if not all(_is_user_id(i) for i in ids):
                 raise SourceError("the group's owner/admins/members are not all user ids")
             members[own] = frozenset(user_principal(f"zotero:{i}") for i in ids)
-        except (SourceError, TypeError) as exc:
+        except (SourceError, TypeError, ValueError, KeyError) as exc:
             log.warning("Zotero %s: group members unreadable: %s", self.name, exc)
             errors[own] = f"Zotero {self.library}: {exc}"
         return GroupMembers(members=members, errors=errors)
