@@ -182,7 +182,7 @@ def atheris_python(explicit: str | None) -> str | None:
     return None
 
 
-def run_atheris(name: str, seconds: float, python: str, workdir: Path) -> Result:
+def run_atheris(name: str, seconds: float, python: str, workdir: Path, timeout_s: int = 20) -> Result:
     """Run one target under atheris in a child process (restarted after a libFuzzer crash/timeout)."""
     result = Result(name, "atheris", seconds)
     start = time.monotonic()
@@ -196,7 +196,7 @@ def run_atheris(name: str, seconds: float, python: str, workdir: Path) -> Result
         artifacts = workdir / f"{name}-artifacts"
         artifacts.mkdir(exist_ok=True)
         cmd = [python, "-m", "fuzz.run", "--atheris-child", name, "--summary", str(summary),
-               f"-max_total_time={left}", "-timeout=20", "-rss_limit_mb=6144", "-max_len=16384",
+               f"-max_total_time={left}", f"-timeout={timeout_s}", "-rss_limit_mb=6144", "-max_len=16384",
                "-print_final_stats=1", f"-artifact_prefix={artifacts}/"]
         try:
             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, timeout=left + 60)
@@ -261,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="first Hypothesis seed (hypothesis engine)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--strict", action="store_true", help="exit 1 on known findings too")
+    parser.add_argument("--timeout", type=int, default=20,
+                        help="atheris: seconds (wall clock) one input may take before it counts as a hang (default 20; "
+                             "raise it on a loaded machine or under nice, where a slice of a core stretches every input)")
     parser.add_argument("--atheris-child", help=argparse.SUPPRESS)
     parser.add_argument("--summary", type=Path, help=argparse.SUPPRESS)
     args, extra = parser.parse_known_args(argv)
@@ -278,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.target or TARGETS:
         if engine == "atheris":
-            result = run_atheris(name, args.seconds, python, workdir)
+            result = run_atheris(name, args.seconds, python, workdir, args.timeout)
         else:
             result = run_hypothesis(name, args.seconds, seed=args.seed)
         report(result)

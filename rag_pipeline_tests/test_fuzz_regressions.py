@@ -31,6 +31,21 @@ def test_clean_markdown_is_idempotent_on_an_empty_list_item(text):
     assert clean_markdown(once)[0] == once
 
 
+@pytest.mark.parametrize("text", [
+    "\n    ```\u00a8\n   ```\u00a8\n\n\n\u00a8",  # a 4-space indented ``` line: stripping it made it a fence
+    "\u00a8" * 6 + "   ```\x0c\x0c\x0c\u0301   ```" + "\u00a8" * 4 + "   ```\x0c\x0c\x0c\u0301   ```\r\n",  # NFKC spaces
+], ids=["indented-fence", "nfkc-space"])
+def test_clean_up_is_idempotent_around_code_fences(text):
+    """atheris (1 h, ``clean``): ``normalize_whitespace`` stripped the indentation that kept a line from being a
+    fence, and NFKC (U+00A8 -> space + combining mark) left whitespace that one more pass tidied."""
+    from rag_pipeline.extraction.clean import clean_markdown, normalize_whitespace
+
+    once = normalize_whitespace(text)
+    assert normalize_whitespace(once) == once
+    cleaned = clean_markdown(text)[0]
+    assert clean_markdown(cleaned)[0] == cleaned
+
+
 # --- extraction/detect.py, extraction/text_formats.py ----------------------------------------------
 
 

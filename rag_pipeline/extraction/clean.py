@@ -95,8 +95,9 @@ _LIST_INDENT_RE = re.compile(r"^([ \t]+)(?:[-*+]|\d{1,3}[.)])(?: |$)")
 def normalize_whitespace(markdown: str) -> str:
     """Collapse runs of spaces/tabs inside lines to one space, strip line ends and keep at most one
     blank line between blocks. Lines inside fenced code blocks keep their indentation and tabs;
-    nested list items keep their indentation (at most 12 spaces).
-    Leading/trailing blank lines are removed."""
+    nested list items keep their indentation (at most 12 spaces); a ```` ``` ```` line indented 4 or more
+    (code, not a fence) keeps 4 spaces, so that tidying never turns it into a fence.
+    Leading/trailing blank lines are removed. Idempotent."""
     out: list[str] = []
     in_fence = False
     blank = 0
@@ -110,9 +111,13 @@ def normalize_whitespace(markdown: str) -> str:
             out.append(line.rstrip())
             continue
         indent = _LIST_INDENT_RE.match(line)
-        line = _SPACES_RE.sub(" ", line).strip()
-        if indent and line:
-            line = " " * min(len(indent.group(1).expandtabs(4)), 12) + line
+        stripped = _SPACES_RE.sub(" ", line).strip()
+        if _FENCE_RE.match(stripped):  # indented 4+: not a fence, and stripping it would make it one
+            line = "    " + stripped
+        else:
+            line = stripped
+            if indent and line:
+                line = " " * min(len(indent.group(1).expandtabs(4)), 12) + line
         if not line:
             blank += 1
             if blank > 1:
@@ -130,11 +135,21 @@ def normalize_whitespace(markdown: str) -> str:
 def clean_markdown(markdown: str) -> tuple[str, int]:
     """Full clean-up of finished Markdown: controls removed, Unicode normalised, whitespace tidied.
 
-    Returns ``(markdown, removed_control_chars)``.
+    Returns ``(markdown, removed_control_chars)``. Idempotent: the Unicode and whitespace passes repeat until
+    nothing changes (NFKC can turn a character into a space, e.g. U+00A8 into a space and a combining mark, and
+    tidying whitespace can bring characters together that NFKC composes), at most ``_CLEAN_PASSES`` times.
     """
     text, removed = remove_control_chars(markdown)
-    text = normalize_unicode(text)
-    return normalize_whitespace(text), removed
+    for _ in range(_CLEAN_PASSES):
+        tidy = normalize_whitespace(normalize_unicode(text))
+        if tidy == text:
+            break
+        text = tidy
+    return text, removed
+
+
+_CLEAN_PASSES = 8
+"""Each pass keeps the text or makes it shorter once NFKC has run, so a few passes reach the fixed point."""
 
 
 # --- de-hyphenation ------------------------------------------------------------------------------
