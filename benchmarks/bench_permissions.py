@@ -8,8 +8,9 @@ see ``COMMON``) and a realistic permission layout: most documents are shared wit
 group membership is expanded (nested groups included) into ``group_members``. Three
 principals read, by construction, 50%, 5% and 0.1% of the chunks (readable sets drawn at random over
 documents, so uncorrelated with topics). The schema is the product's (``rag_pipeline.store.migrate``)
-on the embedded PostgreSQL (or ``--dsn``); documents and chunks are bulk-loaded with COPY, the HNSW
-index is dropped before the load and built after it (timed).
+on the embedded PostgreSQL (or ``--dsn``); documents, chunks and the chunk vectors (into the active
+embedding generation's table ``chunk_embeddings_<id>``, ``store.generations``) are bulk-loaded with binary
+COPY, the generation's HNSW index is dropped before the load and built after it (timed).
 
 Prints, from one run: CPU and server settings, load and HNSW build times, then per principal (and an
 unfiltered admin query): readable fraction, ``SearchResult.strategy`` counts (exact / hnsw /
@@ -209,7 +210,7 @@ def data_shape(x: np.ndarray) -> str:
             f"participation ratio {ev.sum() ** 2 / (ev ** 2).sum():.1f}")
 
 
-def chunk_dtype(dim: int, id_len: int, text_len: int, model_len: int) -> np.dtype:
+def chunk_dtype(id_len: int, text_len: int) -> np.dtype:
     """One chunks row of a binary COPY stream (big-endian fields, each preceded by its byte length)."""
     return np.dtype([
         ("nf", ">i2"),
@@ -219,17 +220,31 @@ def chunk_dtype(dim: int, id_len: int, text_len: int, model_len: int) -> np.dtyp
         ("l_ord", ">i4"), ("ord", ">i4"),
         ("l_text", ">i4"), ("text", f"S{text_len}"),
         ("l_sha", ">i4"), ("sha", "S64"),
-        ("l_emb", ">i4"), ("dim", ">i2"), ("unused", ">i2"), ("emb", ">f4", (dim,)),
-        ("l_model", ">i4"), ("model", f"S{model_len}"),
         ("l_tok", ">i4"), ("tok", ">i4"),
     ])
 
 
-CHUNK_COLUMNS = "id, document_id, version, ordinal, text, text_sha256, embedding, embedding_model, token_count"
+def embedding_dtype(dim: int, id_len: int) -> np.dtype:
+    """One ``chunk_embeddings_<id>`` row (``chunk_id`` text, ``embedding`` pgvector ``vector``: int16 dimension,
+    int16 unused, ``dim`` float32) of a binary COPY stream (big-endian, each field preceded by its length)."""
+    return np.dtype([
+        ("nf", ">i2"),
+        ("l_id", ">i4"), ("id", f"S{id_len}"),
+        ("l_emb", ">i4"), ("dim", ">i2"), ("unused", ">i2"), ("emb", ">f4", (dim,)),
+    ])
 
 
-def load(conn, layout: Layout, gen: VectorGenerator, n_docs: int, per_doc: int, seed: int) -> tuple[np.ndarray, float]:
-    """COPY documents, group_members and chunks; return (all chunk vectors, seconds)."""
+CHUNK_COLUMNS = "id, document_id, version, ordinal, text, text_sha256, token_count"
+EMBEDDING_COLUMNS = "chunk_id, embedding"
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
+COPY_TRAILER = (-1).to_bytes(2, "big", signed=True)
+
+
+def load(conn, layout: Layout, gen: VectorGenerator, n_docs: int, per_doc: int, seed: int,
+         generation) -> tuple[np.ndarray, float]:
+    """COPY documents (listing ``generation``, a ``store.generations.Generation`` of ``vector`` storage),
+    group_members, chunks, then the chunk vectors into ``generation``'s table; return (all chunk vectors
+    (n, dim) float32, seconds)."""
     started = time.perf_counter()
     with conn.cursor() as cur:
         with cur.copy("COPY group_members (source, group_principal, member) FROM STDIN") as cp:
@@ -238,14 +253,14 @@ def load(conn, layout: Layout, gen: VectorGenerator, n_docs: int, per_doc: int, 
                     cp.write_row((SOURCE, g, m))
         with cur.copy("COPY documents (id, source, source_id, uri, title, mime_type, content_sha256, version, "
                       "status, chunk_count, expected_chunk_count, modified_at, ingested_at, ready_at, "
-                      "embedding_model, principals, permissions_synced_at) FROM STDIN") as cp:
+                      "generations, principals, permissions_synced_at) FROM STDIN") as cp:
             lines = []
             for i, scope in enumerate(layout.scopes):
                 doc_id = i + 1
                 lines.append(
                     f"{doc_id}\t{SOURCE}\tdoc-{doc_id:08d}\tfile:///bench/doc-{doc_id:08d}.txt\tDocument {doc_id}\t"
                     f"text/plain\t{hashlib.sha256(b'd%d' % doc_id).hexdigest()}\t1\tcompleted\t{per_doc}\t{per_doc}\t"
-                    f"2024-01-01 00:00:00+00\t2024-06-01 00:00:00+00\t2024-06-01 00:00:00+00\t{MODEL}\t"
+                    f"2024-01-01 00:00:00+00\t2024-06-01 00:00:00+00\t2024-06-01 00:00:00+00\t{{{generation.id}}}\t"
                     "{" + ",".join(sorted(scope)) + "}\t2024-06-01 00:00:00+00\n")
                 if len(lines) >= 10000:
                     cp.write("".join(lines))
@@ -257,10 +272,10 @@ def load(conn, layout: Layout, gen: VectorGenerator, n_docs: int, per_doc: int, 
         vectors = np.empty((n, gen.dim), dtype=np.float32)
         width = max(7, len(str(n_docs)))
         text_of = lambda d, o, t: b"synthetic chunk %0*d.%02d about topic %04d" % (width, d, o, t)
-        text_len, model_b = len(text_of(1, 0, 0)), MODEL.encode()
-        dtype = chunk_dtype(gen.dim, width + 3, text_len, len(model_b))
+        text_len = len(text_of(1, 0, 0))
+        dtype = chunk_dtype(width + 3, text_len)
         with cur.copy(f"COPY chunks ({CHUNK_COLUMNS}) FROM STDIN (FORMAT BINARY)") as cp:
-            cp.write(b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big"))
+            cp.write(COPY_HEADER)
             for b0 in range(0, n_docs, BATCH_DOCS):
                 b1 = min(n_docs, b0 + BATCH_DOCS)
                 rng = np.random.default_rng([seed, 3, b0])
@@ -272,20 +287,34 @@ def load(conn, layout: Layout, gen: VectorGenerator, n_docs: int, per_doc: int, 
                 tops = np.repeat(topics, per_doc)
                 texts = [text_of(d, o, t) for d, o, t in zip(docs.tolist(), ords.tolist(), tops.tolist())]
                 rows = np.empty(len(docs), dtype=dtype)
-                rows["nf"] = 9
+                rows["nf"] = 7
                 rows["l_id"], rows["id"] = width + 3, [b"%0*d:%02d" % (width, d, o) for d, o in zip(docs.tolist(), ords.tolist())]
                 rows["l_doc"], rows["doc"] = 8, docs
                 rows["l_ver"], rows["ver"] = 4, 1
                 rows["l_ord"], rows["ord"] = 4, ords
                 rows["l_text"], rows["text"] = text_len, texts
                 rows["l_sha"], rows["sha"] = 64, [hashlib.sha256(t).hexdigest().encode() for t in texts]
-                rows["l_emb"], rows["dim"], rows["unused"], rows["emb"] = 4 + 4 * gen.dim, gen.dim, 0, emb
-                rows["l_model"], rows["model"] = len(model_b), model_b
                 rows["l_tok"], rows["tok"] = 4, 12
                 cp.write(rows.tobytes())
-            cp.write((-1).to_bytes(2, "big", signed=True))
+            cp.write(COPY_TRAILER)
+        # the vectors, in the same order (the generated ids are the chunk ids above)
+        edtype = embedding_dtype(gen.dim, width + 3)
+        with cur.copy(f"COPY {generation.table} ({EMBEDDING_COLUMNS}) FROM STDIN (FORMAT BINARY)") as cp:
+            cp.write(COPY_HEADER)
+            for b0 in range(0, n_docs, BATCH_DOCS):
+                b1 = min(n_docs, b0 + BATCH_DOCS)
+                docs = np.repeat(np.arange(b0 + 1, b1 + 1), per_doc)
+                ords = np.tile(np.arange(per_doc), b1 - b0)
+                rows = np.empty(len(docs), dtype=edtype)
+                rows["nf"] = 2
+                rows["l_id"], rows["id"] = width + 3, [b"%0*d:%02d" % (width, d, o) for d, o in zip(docs.tolist(), ords.tolist())]
+                rows["l_emb"], rows["dim"], rows["unused"] = 4 + 4 * gen.dim, gen.dim, 0
+                rows["emb"] = vectors[b0 * per_doc:b1 * per_doc]
+                cp.write(rows.tobytes())
+            cp.write(COPY_TRAILER)
     conn.execute("ANALYZE documents")
     conn.execute("ANALYZE chunks")
+    conn.execute(f"ANALYZE {generation.table}")
     conn.execute("ANALYZE group_members")
     return vectors, time.perf_counter() - started
 
@@ -452,7 +481,11 @@ def run(args, work: Path, tag: str, params: dict) -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, nice {os.nice(0)})")
     print(cpu_line())
     url = args.dsn or start_embedded(work / "pg")
-    migrate(url, embedding_dimension=dim, embedding_model=MODEL)
+    generation = migrate(url, embedding_dimension=dim, embedding_model=MODEL)
+    if generation.state != "active" or generation.storage != "vector":
+        sys.exit(f"the index's generation of {MODEL} is {generation.state} ({generation.storage}); the benchmark "
+                 "needs it active, stored as vector (a database another model's active generation serves?)")
+    table = generation.table
     store = Store(url)
     conn = store.connect()
     notices: list[str] = []
@@ -478,31 +511,32 @@ def run(args, work: Path, tag: str, params: dict) -> int:
     if have_docs and marker is None:
         sys.exit("refusing to load into a database that holds documents not loaded by this benchmark")
     reuse = args.keep and marker is not None and json.loads(marker[0]) == params and vectors_file.exists()
-    hnsw_def = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'chunks' AND indexdef ILIKE "
-                            "'%USING hnsw%'").fetchone()
+    hnsw_def = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexdef ILIKE "
+                            "'%%USING hnsw%%'", (table,)).fetchone()
     if reuse:
         vectors = np.load(vectors_file, mmap_mode=None)
         print(f"load: reused the loaded database in {work} (--keep)")
     else:
         conn.execute("DELETE FROM index_settings WHERE key = 'bench_permissions'")
         conn.execute("TRUNCATE documents, chunks, group_members, retrieval_log RESTART IDENTITY CASCADE")
+        # secondary indexes of chunks and of the generation's table (its HNSW index): dropped for the load
         secondary = conn.execute(
             "SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
-            "WHERE x.indrelid = 'chunks'::regclass AND NOT EXISTS (SELECT 1 FROM pg_constraint c "
-            "WHERE c.conindid = x.indexrelid)").fetchall()
+            "WHERE x.indrelid IN ('chunks'::regclass, %s::regclass) AND NOT EXISTS (SELECT 1 FROM pg_constraint c "
+            "WHERE c.conindid = x.indexrelid)", (table,)).fetchall()
         for name, _ in secondary:
             conn.execute(f'DROP INDEX "{name}"')
-        vectors, load_s = load(conn, layout, gen, n_docs, per_doc, args.seed)
+        vectors, load_s = load(conn, layout, gen, n_docs, per_doc, args.seed, generation)
         other = [d for _, d in secondary if "USING hnsw" not in d]
         t0 = time.perf_counter()
         for d in other:
             conn.execute(d)
-        print(f"load: COPY {n_docs} documents + {n} chunks {load_s:.1f} s (+ ANALYZE), "
+        print(f"load: COPY {n_docs} documents + {n} chunks + {n} vectors ({table}) {load_s:.1f} s (+ ANALYZE), "
               f"{len(other)} other chunk index(es) rebuilt {time.perf_counter() - t0:.1f} s")
         hnsw = [d for _, d in secondary if "USING hnsw" in d]
         hnsw_def = hnsw[0] if hnsw else (hnsw_def[0] if hnsw_def else None)
         if hnsw_def is None:
-            sys.exit("the migrated schema has no HNSW index on chunks")
+            sys.exit(f"the migrated schema has no HNSW index on {table}")
         notices.clear()
         build_s = build_hnsw(conn, url, hnsw_def, args)
         print(f"HNSW build: {build_s:.1f} s ({build_s / 60:.1f} min), maintenance_work_mem "
@@ -512,15 +546,16 @@ def run(args, work: Path, tag: str, params: dict) -> int:
         if args.keep:
             np.save(vectors_file, vectors)
         conn.execute("INSERT INTO index_settings (key, value) VALUES ('bench_permissions', %s)", (json.dumps(params),))
-    if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE tablename = 'chunks' AND indexdef ILIKE "
-                        "'%USING hnsw%')").fetchone()[0]:
+    if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE tablename = %s AND indexdef ILIKE "
+                        "'%%USING hnsw%%')", (table,)).fetchone()[0]:
         build_s = build_hnsw(conn, url, hnsw_def[0], args)
         print(f"HNSW build (index was missing): {build_s:.1f} s")
     print(data_shape(vectors[:2100]))
-    sizes = conn.execute("SELECT pg_size_pretty(pg_table_size('chunks')), pg_size_pretty(pg_relation_size(i.oid)) "
+    sizes = conn.execute("SELECT pg_size_pretty(pg_table_size('chunks')), pg_size_pretty(pg_table_size(%s::regclass)), "
+                         "pg_size_pretty(pg_relation_size(i.oid)) "
                          "FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_am a ON a.oid = i.relam "
-                         "WHERE x.indrelid = 'chunks'::regclass AND a.amname = 'hnsw'").fetchone()
-    print(f"sizes: chunks table {sizes[0]}, HNSW index {sizes[1]}")
+                         "WHERE x.indrelid = %s::regclass AND a.amname = 'hnsw'", (table, table)).fetchone()
+    print(f"sizes: chunks table {sizes[0]}, {table} table {sizes[1]}, HNSW index {sizes[2]}")
 
     conn.prepare_threshold = args.prepare_threshold
     if args.max_scan_tuples is not None:
@@ -567,13 +602,13 @@ def run(args, work: Path, tag: str, params: dict) -> int:
         want = min(k, int(mask.sum()))
         kw = {"exact_below": exact_below, "ef_search": ef_search, **override}
         for q in queries[:args.warmup]:
-            retrieval.search(conn, q, model=MODEL, k=k, readable=readable, **kw)
+            retrieval.search(conn, q, k=k, readable=readable, **kw)
         lat, strategies, recalls, rows_ok, leaks = [], {"exact": 0, "hnsw": 0, "hnsw+exact": 0}, [], 0, 0
         recorded = None
         for j, q in enumerate(queries[args.warmup:]):
             target = Recording(conn) if j == 0 else conn
             started = time.perf_counter()
-            result = retrieval.search(target, q, model=MODEL, k=k, readable=readable, **kw)
+            result = retrieval.search(target, q, k=k, readable=readable, **kw)
             lat.append((time.perf_counter() - started) * 1000)
             if j == 0:
                 recorded = target.statements
@@ -592,9 +627,10 @@ def run(args, work: Path, tag: str, params: dict) -> int:
             conn.execute("SET LOCAL enable_indexscan = off")
             conn.execute("SET LOCAL enable_bitmapscan = off")
             sql_rows = conn.execute(
-                "SELECT (c.document_id - 1) * %(per)s + c.ordinal, 1 - (c.embedding <=> %(v)s) FROM chunks c "
+                "SELECT (c.document_id - 1) * %(per)s + c.ordinal, 1 - (e.embedding <=> %(v)s) FROM chunks c "
+                f"JOIN {table} e ON e.chunk_id = c.id "
                 "JOIN documents d ON d.id = c.document_id AND d.version = c.version "
-                "WHERE %(r)s::text[] IS NULL OR d.principals && %(r)s::text[] ORDER BY c.embedding <=> %(v)s LIMIT %(k)s",
+                "WHERE %(r)s::text[] IS NULL OR d.principals && %(r)s::text[] ORDER BY e.embedding <=> %(v)s LIMIT %(k)s",
                 {"per": per_doc, "v": q0, "r": readable, "k": k}).fetchall()
         sql_s = np.array([r[1] for r in sql_rows], dtype=np.float32)
         if len(sql_s) != want or not np.allclose(np.sort(sql_s)[::-1], truth_s[0][:want], atol=1e-5):

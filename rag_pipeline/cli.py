@@ -1,4 +1,5 @@
-"""Command line: ``rag-pipeline sync | retry | status | sources | query | psql`` (typer + rich).
+"""Command line: ``rag-pipeline sync | retry | status | sources | query | reembed | generations | psql``
+(typer + rich).
 
 A thin caller of ``rag_pipeline.pipeline`` (it never imports Dagster). ``sync`` exit codes: 0 every
 document attempted in this run ended well; 1 some documents failed in this run; 2 the listing was
@@ -56,8 +57,11 @@ def _open_index(settings):
     from rag_pipeline.embedding import get_embedder
     from rag_pipeline.store import Store
 
+    from rag_pipeline.store.generations import embedder_spec
+
     embedder = get_embedder(settings)
-    return embedder, Store.open(settings, embedding_dimension=embedder.dimension, embedding_model=embedder.model_id)
+    return embedder, Store.open(settings, embedding_dimension=embedder.dimension, embedding_model=embedder.model_id,
+                                embedding_spec=embedder_spec(embedder, settings))
 
 
 def _plural(n: int, word: str) -> str:
@@ -363,8 +367,10 @@ def query_cmd(
     except ValueError as exc:
         raise typer.BadParameter(f"--as: {exc}") from None
     sources = _configured_sources() if recheck else None
-    embedder, store = _open_index(_settings())
-    hits = query(store, embedder, text, k=k, principals=principals, admin=admin, recheck=recheck, sources=sources)
+    settings = _settings()
+    embedder, store = _open_index(settings)
+    hits = query(store, embedder, text, k=k, principals=principals, admin=admin, recheck=recheck, sources=sources,
+                 settings=settings)
     if as_json:
         sys.stdout.write(json.dumps([{"score": h.score, "title": h.title, "uri": h.uri, "version": h.version,
                                       "source": h.source, "source_id": h.source_id, "pages": h.pages,
@@ -391,6 +397,86 @@ def _configured_sources() -> dict[str, Any]:
     except (ValueError, KeyError) as exc:
         raise _fail(f"--recheck needs the sources (RAG_SOURCES): {exc}") from None
     return {src.name: src for src in built}
+
+
+@app.command()
+def reembed(
+    activate: Annotated[bool, typer.Option(help="make the generation active once it is complete")] = True,
+) -> None:
+    """Build the embedding generation of the configured model (RAG_EMBEDDING_*) from the stored chunk texts,
+    beside the active one, and make it active when every current document is in it: queries keep the whole
+    corpus with the old model until then (zero downtime). Resumes where a stopped run was. Exit 1 when some
+    documents failed (the generation then stays inactive)."""
+    from rag_pipeline.pipeline.rollout import reembed as run_reembed
+
+    settings = _settings()
+    try:
+        embedder, store = _open_index(settings)
+    except Exception as exc:  # noqa: BLE001 - a dimension the index cannot hold, an unknown provider: one line
+        raise _fail(f"reembed could not start: {type(exc).__name__}: {exc}") from None
+    with _Progress(100) as bar:
+        def progress(event: str, data: dict[str, Any]) -> None:
+            if event == "start":
+                bar("plan", {"work": data["total"], "delete": 0, "listed": data["total"]})
+            else:
+                bar(event, data)
+
+        report = run_reembed(store, embedder, settings, activate=activate, progress=progress)
+    g, p = report.generation, report.progress
+    console.print(f"generation {g.id} ({escape(g.model)}, {g.dimension} dimensions, {g.storage}): "
+                  f"{p.documents_done:,} of {p.documents:,} documents, {p.chunks_done:,} of {p.chunks:,} chunks; "
+                  f"{_plural(len(report.outcomes), 'document')} embedded in this run, {len(report.failed)} failed; "
+                  f"{'active' if report.activated else g.state}; {report.duration_s:.1f}s")
+    for o in report.failed[:20]:
+        console.print(f"  failed: {escape(o.source_id)}: {escape(o.reason or '')}")
+    for d in report.dropped:
+        console.print(f"dropped generation {d.id} ({escape(d.model)}): past its rollback window")
+    raise typer.Exit(1 if report.failed else 0)
+
+
+generations_app = typer.Typer(help="Embedding generations: list them, or activate one (rollback).",
+                              invoke_without_command=True)
+app.add_typer(generations_app, name="generations")
+
+
+@generations_app.callback()
+def generations_list(ctx: typer.Context) -> None:
+    """List the embedding generations: id, model, dimension, storage, state, documents and chunks embedded."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rag_pipeline.store import generations as gens
+    from rag_pipeline.store.db import Store
+    from rag_pipeline.store.embedded import resolve_database_url
+
+    store = Store(resolve_database_url(_settings().database_url))
+    table = Table("id", "model", "dimension", "storage", "state", "documents", "chunks", "since")
+    with store.connection() as conn:
+        for g in gens.all_generations(conn):
+            p = gens.progress(conn, g) if g.state in gens.KEPT else None
+            since = g.activated_at if g.state == "active" else g.retired_at if g.state == "retired" else g.created_at
+            table.add_row(str(g.id), escape(g.model), str(g.dimension), g.storage,
+                          g.state + (f" (dropped after {g.drop_after:%Y-%m-%d %H:%M})" if g.drop_after else ""),
+                          f"{p.documents_done:,} / {p.documents:,}" if p else "", f"{p.chunks_done:,} / {p.chunks:,}" if p else "",
+                          f"{since:%Y-%m-%d %H:%M}" if since else "")
+    console.print(table)
+
+
+@generations_app.command("activate")
+def generations_activate(generation_id: Annotated[int, typer.Argument(help="the generation id (see the list)")]) -> None:
+    """Make generation ID the one queries read (e.g. roll back to the previous model): it must be complete;
+    the active one becomes the rollback target, kept RAG_GENERATION_KEEP_DAYS days."""
+    from rag_pipeline.store import generations as gens
+    from rag_pipeline.store.db import Store
+    from rag_pipeline.store.embedded import resolve_database_url
+
+    settings = _settings()
+    store = Store(resolve_database_url(settings.database_url))
+    with store.connection() as conn:
+        try:
+            g = gens.activate(conn, generation_id, keep_days=settings.generation_keep_days)
+        except gens.GenerationError as exc:
+            raise _fail(str(exc), 1) from None
+    console.print(f"generation {g.id} ({escape(g.model)}) is active")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -48,7 +48,7 @@ MASK = "***"
 MIN_SECRET_LENGTH = 6
 
 #: Environment variables whose whole value is a secret.
-SECRET_ENV = ("ZOTERO_API_KEY", "RAG_MS_CLIENT_SECRET", "PGPASSWORD", "DAGSTER_PG_PASSWORD")
+SECRET_ENV = ("ZOTERO_API_KEY", "RAG_MS_CLIENT_SECRET", "RAG_EMBEDDING_API_KEY", "PGPASSWORD", "DAGSTER_PG_PASSWORD")
 #: Environment variables holding a URL whose path/query/password are secrets.
 WEBHOOK_URL_ENV = ("RAG_SLACK_WEBHOOK_URL", "RAG_TEAMS_WEBHOOK_URL", "RAG_ALERT_WEBHOOK_URL")
 #: Environment variables holding a database URL or conninfo (only the password is secret).

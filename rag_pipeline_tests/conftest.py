@@ -21,6 +21,24 @@ from rag_pipeline.store import Store, migrate
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 _counter = itertools.count()
+_CACHE: list[str] = []
+
+
+def pytest_configure(config) -> None:
+    """The embedder's local model exports (``RAG_EMBEDDING_CACHE_DIR``) go to a folder of this test session
+    (subprocesses inherit it), not to the user's cache: every session makes its own export once."""
+    import tempfile
+
+    if "RAG_EMBEDDING_CACHE_DIR" not in os.environ:
+        _CACHE.append(tempfile.mkdtemp(prefix="rag-embedding-cache-"))
+        os.environ["RAG_EMBEDDING_CACHE_DIR"] = _CACHE[0]
+
+
+def pytest_unconfigure(config) -> None:
+    import shutil
+
+    for folder in _CACHE:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

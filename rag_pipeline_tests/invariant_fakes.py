@@ -286,9 +286,13 @@ def document(conn: Any, source: str, source_id: str) -> dict[str, Any] | None:
 
 
 def chunks_of(conn: Any, document_id: int) -> list[tuple[str, int, int, str, np.ndarray]]:
-    """``(chunk id, version, ordinal, text, embedding)`` of every chunk row of a document, by ordinal."""
+    """``(chunk id, version, ordinal, text, embedding)`` of every chunk row of a document, by ordinal; the
+    embedding is the active generation's vector (``store.generations``)."""
+    from rag_pipeline.store.generations import active
+
     rows = conn.execute(
-        "SELECT id, version, ordinal, text, embedding FROM chunks WHERE document_id = %s ORDER BY version, ordinal",
+        f"SELECT c.id, c.version, c.ordinal, c.text, e.embedding FROM chunks c JOIN {active(conn).table} e "
+        "ON e.chunk_id = c.id WHERE c.document_id = %s ORDER BY c.version, c.ordinal",
         (document_id,),
     ).fetchall()
     return [(r[0], r[1], r[2], r[3], np.asarray(r[4].to_numpy(), dtype=np.float32)) for r in rows]

@@ -77,6 +77,7 @@ from rag_pipeline.defs.sources.assets import (
 )
 from rag_pipeline.defs.sources.config import SourceSpec
 from rag_pipeline.embedding.base import Embedder
+from rag_pipeline.store.generations import ensure_for
 from rag_pipeline.permissions import sync_permissions
 from rag_pipeline.pipeline.inventory import cursor_after, list_and_diff
 from rag_pipeline.pipeline.plan import Decision, GuardResult, PlannedDocument
@@ -390,8 +391,9 @@ class DagsterRoute:
         with self._bind(source, store, embedder, settings, notifier) as (name, resources):
             cursor = None if full else self.cursors.get(name)
             with store.connection() as conn:
-                diff = list_and_diff(source, conn, settings, cursor=cursor, model=embedder.model_id,
-                                     allow_mass_delete=allow_mass_delete)
+                # what the sensor's StoreResource.open does first: the configured model has its generation
+                ensure_for(conn, embedder, settings)
+                diff = list_and_diff(source, conn, settings, cursor=cursor, allow_mass_delete=allow_mass_delete)
             self.cursors[name] = cursor_after(diff, cursor)  # the sensor's own rule (source_diff_tick)
             runs: list[tuple[str, str | None, bool]] = []
             # The sensor requests retries after the other work (sensors._ordered).

@@ -202,3 +202,42 @@ def test_query_as_a_principal_with_an_acl_file_and_the_recheck(tmp_path, databas
     finally:
         for key in (*env, "RAG_SOURCES"):
             os.environ.pop(key, None)
+
+
+def test_reembed_generations_and_rollback_from_the_command_line(tmp_path, database_url, embedder):
+    """A model change from the shell: another model directory (the bundled weights under another path, so
+    another model id) -> ``reembed`` builds and activates its generation; ``generations`` lists both;
+    ``generations activate 1`` rolls back, and queries read generation 1 again."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "bees.md").write_text("# Bees\n\nHoney bees communicate the direction of flowers with a waggle dance.\n")
+    (folder / "tides.txt").write_text("Tides are caused by the gravitational pull of the moon on the oceans.\n")
+    assert _cli("sync", str(folder), database_url=database_url).returncode == 0
+    other = tmp_path / "minilm-copy"
+    other.symlink_to(embedder.path, target_is_directory=True)
+
+    def cli(*args):
+        env = {**os.environ, "RAG_DATABASE_URL": database_url, "COLUMNS": "250", "HF_HUB_OFFLINE": "1",
+               "RAG_EMBEDDING_MODEL": str(other)}
+        return subprocess.run([sys.executable, "-m", "rag_pipeline.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    run = cli("reembed")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "generation 2" in run.stdout and "2 of 2 documents" in run.stdout and "active" in run.stdout
+    assert _sql(database_url, "SELECT id, state FROM embedding_generations ORDER BY id") == [(1, "retired"), (2, "active")]
+    listing = cli("generations")
+    assert listing.returncode == 0 and "retired" in listing.stdout and "active" in listing.stdout
+    assert "all-MiniLM-L6-v2" in listing.stdout and "2 / 2" in listing.stdout  # documents embedded in each
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    answer = cli("query", "why do bees dance?", "-k", "1", "--as", owner)
+    assert answer.returncode == 0 and "bees.md" in answer.stdout, answer.stdout + answer.stderr
+    assert _sql(database_url, "SELECT generation FROM retrieval_log ORDER BY id DESC LIMIT 1") == [(2,)]
+
+    back = cli("generations", "activate", "1")
+    assert back.returncode == 0 and "generation 1" in back.stdout, back.stdout + back.stderr
+    answer = cli("query", "why do bees dance?", "-k", "1", "--as", owner)
+    assert answer.returncode == 0 and "bees.md" in answer.stdout
+    assert _sql(database_url, "SELECT generation FROM retrieval_log ORDER BY id DESC LIMIT 1") == [(1,)]
+    missing = cli("generations", "activate", "9")
+    assert missing.returncode == 1 and "no embedding generation 9" in missing.stdout

@@ -15,7 +15,11 @@ from rag_pipeline.defs.documents.jobs import index_checks_job
 from rag_pipeline.defs.documents.partitions import documents
 from rag_pipeline.defs.documents.sensors import document_failure_sensor
 from rag_pipeline.defs.sources.assets import build_source_assets
+from rag_pipeline.config import Settings
+from rag_pipeline.defs.ingestion.resources import EmbedderResource
+from rag_pipeline.embedding.sentence_transformers import BUNDLED_MODEL, SentenceTransformerEmbedder, resolve_model_path
 from rag_pipeline.sources.local import LocalFolderSource
+from rag_pipeline.store import generations as gens
 from rag_pipeline_tests.test_dagster_helpers import (  # noqa: F401  (fixtures)
     DOCUMENT_ASSETS,
     check_results,
@@ -93,8 +97,16 @@ def test_documents_materialize_with_metadata_and_checks(instance, tmp_path, data
     evals = run_index_checks(resources, instance)
     assert evals["index_versions_unique"].passed
     assert evals["no_permanently_failed_documents"].passed
-    assert evals["embedding_model_consistent"].passed
+    assert evals["embedding_generation_progress"].passed
     assert materialize_document(instance, resources, bees).success
+
+
+def _model_copy(tmp_path):
+    """The bundled model's directory under another path: another model id, the same weights."""
+    copy = tmp_path / "minilm-copy"
+    if not copy.exists():
+        copy.symlink_to(resolve_model_path(BUNDLED_MODEL), target_is_directory=True)
+    return copy
 
 
 def test_reembed_backfill_runs_in_batches_without_extraction(instance, tmp_path, database_url, store):
@@ -105,13 +117,19 @@ def test_reembed_backfill_runs_in_batches_without_extraction(instance, tmp_path,
     assert materialize_batch(instance, resources, keys).success  # the initial load, one batch
     with store.connection() as conn:
         before = conn.execute("SELECT document_id, ordinal, text FROM chunks ORDER BY 1, 2").fetchall()
-        # the index was built by another model (same dimension): the warning check counts what is left
-        conn.execute("UPDATE chunks SET embedding_model = 'old-model' WHERE text LIKE '%%bees%%' OR text LIKE '%%Tides%%'")
-        conn.execute("UPDATE documents SET embedding_model = 'old-model' WHERE source_id IN ('bees.md', 'tides.txt')")
-    consistent = run_index_checks(resources, instance)["embedding_model_consistent"]
-    assert not consistent.passed and consistent.severity == dg.AssetCheckSeverity.WARN
-    assert consistent.metadata["other_model_chunks"].value == 2
-    assert consistent.metadata["other_model_documents"].value == 2
+        # a new model is configured (another model id, the same weights): its generation is created
+        # beside the active one and two documents are already in it; the warning check shows the progress
+        new = SentenceTransformerEmbedder(str(_model_copy(tmp_path)))
+        g = gens.ensure_for(conn, new, Settings(database_url=database_url))
+        conn.execute("UPDATE documents SET generations = array_append(generations, %s) WHERE source_id = 'volcano.md'",
+                     (g.id,))
+        conn.execute(f"INSERT INTO {g.table} SELECT e.* FROM chunk_embeddings_1 e JOIN chunks c ON c.id = e.chunk_id "
+                     "JOIN documents d ON d.id = c.document_id WHERE d.source_id = 'volcano.md'")
+    resources = {**resources, "embedder": EmbedderResource(model=str(_model_copy(tmp_path)))}
+    progress = run_index_checks(resources, instance)["embedding_generation_progress"]
+    assert not progress.passed and progress.severity == dg.AssetCheckSeverity.WARN
+    assert progress.metadata["rollout_documents"].value == "1 / 3"
+    assert progress.metadata["active_generation"].value == 1
 
     # the backfill: only document_embeddings, one ranged run over the three documents
     for sid in ("bees.md", "tides.txt", "volcano.md"):
@@ -126,8 +144,10 @@ def test_reembed_backfill_runs_in_batches_without_extraction(instance, tmp_path,
         after = conn.execute("SELECT document_id, ordinal, text FROM chunks ORDER BY 1, 2").fetchall()
         versions = dict(conn.execute("SELECT source_id, version FROM documents").fetchall())
         logged = conn.execute("SELECT action, count(*) FROM ingest_log GROUP BY 1 ORDER BY 1").fetchall()
-    assert after == before  # the same chunk texts, new vectors
-    assert versions == {"bees.md": 2, "tides.txt": 2, "volcano.md": 1}
+    assert after == before  # the same chunk texts, vectors added in the new generation (no new version)
+    assert versions == {"bees.md": 1, "tides.txt": 1, "volcano.md": 1}
+    with store.connection() as conn:  # the backfill completed the generation: it is the active one now
+        assert gens.active(conn).id == g.id and gens.get(conn, 1).state == "retired"
     assert logged == [("added", 3), ("re-embedded", 2)]
     assert all(e.passed for e in run_index_checks(resources, instance).values())
 
@@ -233,9 +253,8 @@ def test_index_versions_unique_fails_on_mixed_versions(instance, tmp_path, datab
     (key,) = keys_for(spec, ["tides.txt"])
     assert materialize_document(instance, resources, key).success
     with store.connection() as conn:  # what the swap transaction must never leave behind
-        conn.execute("INSERT INTO chunks (id, document_id, version, ordinal, text, text_sha256, embedding, "
-                     "embedding_model, token_count) SELECT id || 'x', document_id, version + 1, ordinal, text, "
-                     "text_sha256, embedding, embedding_model, token_count FROM chunks")
+        conn.execute("INSERT INTO chunks (id, document_id, version, ordinal, text, text_sha256, token_count) "
+                     "SELECT id || 'x', document_id, version + 1, ordinal, text, text_sha256, token_count FROM chunks")
     evals = run_index_checks(resources, instance)
     assert not evals["index_versions_unique"].passed
     assert evals["index_versions_unique"].metadata["documents_with_mixed_versions"].value == 1

@@ -23,6 +23,7 @@ from rag_pipeline.defs.ingestion.resources import (
 )
 from rag_pipeline.defs.sources.config import SourceSpec, spec_from_dict
 from rag_pipeline.sources.local import LocalFolderSource
+from rag_pipeline.store import generations as gens
 from rag_pipeline.store import write as w
 
 DOCUMENT_ASSETS = [document_markdown, document_chunks, document_embeddings]
@@ -124,6 +125,7 @@ def index_folder(store, folder: Path, names=None, *, dimension: int = 384) -> di
     ids = {}
     rng = np.random.default_rng(0)
     with store.connection() as conn:
+        active = gens.active(conn).id
         for doc in source.list_documents(verify=True).documents:  # with hashes: what the swap records
             if names is not None and doc.source_id not in names:
                 continue
@@ -131,8 +133,8 @@ def index_folder(store, folder: Path, names=None, *, dimension: int = 384) -> di
             document_id = w.ensure_document(conn, source.name, doc)
             vector = rng.normal(size=dimension).astype(np.float32)
             w.replace_document(conn, document_id, doc=doc, content_sha256=doc.content_sha256,
-                               chunks=[w.ChunkRow(0, text, 20, vector / np.linalg.norm(vector))],
-                               embedding_model="all-MiniLM-L6-v2", mime_type="text/plain", doc_type="txt",
+                               chunks=[w.ChunkRow(0, text, 20, {active: vector / np.linalg.norm(vector)})],
+                               mime_type="text/plain", doc_type="txt",
                                char_count=len(text), page_count=None, stats={}, markdown=text, expires=None)
             ids[doc.source_id] = document_id
     return ids

@@ -219,10 +219,12 @@ def test_one_tick_is_fast_for_an_unchanged_source(instance, folder, database_url
     monkeypatch.setattr(LocalFolderSource, "fetch_to", lambda self, doc, out: pytest.fail(f"the tick fetched {doc.source_id}"))
     quiet = tick(instance, spec, database_url, cursor="{}")
     # work, not time (the scale figures are in benchmarks/bench_sensor.py): one stat-only listing, no
-    # fetch, one SQL statement (the index state from documents.chunk_count: no chunk-table count), no write
+    # fetch, two SQL statements (the index state from documents.chunk_count: no chunk-table count; the kept
+    # embedding generations, a table of a few rows), no write
     assert listings == [False]
     queries = [q for q in statements if "FROM pg_type" not in q]  # psycopg/pgvector type registration
-    assert len(queries) == 1 and queries[0].startswith("SELECT d.id, d.source_id") and "d.chunk_count" in queries[0]
+    assert len(queries) == 2 and queries[0].startswith("SELECT d.id, d.source_id") and "d.chunk_count" in queries[0]
+    assert queries[1].startswith("SELECT id, model") and "FROM embedding_generations" in queries[1]
     assert not [q for q in statements if re.search(r"\bchunks\b|^(INSERT|UPDATE|DELETE)\b", q, re.I)]
     assert not quiet.run_requests and not quiet.dynamic_partitions_requests
     assert quiet.skip_reason.skip_message == "5 listed, nothing to do"
@@ -284,8 +286,8 @@ def test_change_feed_is_used_and_not_skipped_past_waiting_documents(instance, da
     with store.connection() as conn:  # the first four got written meanwhile
         for doc in list(source.docs.values())[:4]:
             conn.execute("INSERT INTO documents (source, source_id, status, version, content_sha256, seen_sha256, "
-                         "source_version, seen_source_version, title, uri, expected_chunk_count, chunk_count) "
-                         "VALUES (%s, %s, 'completed', 1, %s, %s, %s, %s, %s, %s, 1, 1)",
+                         "source_version, seen_source_version, title, uri, expected_chunk_count, chunk_count, "
+                         "generations) VALUES (%s, %s, 'completed', 1, %s, %s, %s, %s, %s, %s, 1, 1, '{1}')",
                          (source.name, doc.source_id, doc.content_sha256, doc.content_sha256, doc.source_version,
                           doc.source_version, doc.title, doc.uri))
     second = feed_tick(first.cursor)

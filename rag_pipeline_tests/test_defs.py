@@ -45,7 +45,7 @@ def _inventory(defs: dg.Definitions) -> tuple[set[str], set[str], set[str], set[
 
 DOCUMENT_CHECKS = {"document_embeddings:chunk_count_complete", "document_embeddings:index_versions_unique",
                    "document_embeddings:no_permanently_failed_documents",
-                   "document_embeddings:embedding_model_consistent"}
+                   "document_embeddings:embedding_generation_progress"}
 
 
 def test_defs_without_sources(monkeypatch):

@@ -517,9 +517,9 @@ def test_check_index_reports_each_kind_of_violation(tmp_path, settings, store, c
         ids = {s: document(conn, src.name, s)["id"] for s in ("doc00.md", "doc01.md", "doc02.md", "doc03.md", "doc04.md")}
         assert check_index(conn) == []
         # doc00: a stray chunk row of another version (mixed + stale)
-        conn.execute("INSERT INTO chunks (id, document_id, version, ordinal, text, text_sha256, embedding, "
-                     "embedding_model, token_count) SELECT 'x', document_id, 7, 0, text, text_sha256, embedding, "
-                     "embedding_model, token_count FROM chunks WHERE document_id = %s LIMIT 1", (ids["doc00.md"],))
+        conn.execute("INSERT INTO chunks (id, document_id, version, ordinal, text, text_sha256, token_count) "
+                     "SELECT 'x', document_id, 7, 0, text, text_sha256, token_count FROM chunks "
+                     "WHERE document_id = %s LIMIT 1", (ids["doc00.md"],))
         # doc01: failed, and its previous version's chunks are gone: readers would see neither version
         conn.execute("UPDATE documents SET status = 'failed' WHERE id = %s", (ids["doc01.md"],))
         conn.execute("DELETE FROM chunks WHERE document_id = %s", (ids["doc01.md"],))

@@ -31,22 +31,26 @@ def _day0(root, shared_dir) -> None:
 
 
 def _snapshot(store: Store, source: str) -> dict:
-    """What both routes must agree on, read with plain SQL: documents (with children), chunk texts and
-    models per document and version, and the ingest_log actions per document in order."""
+    """What both routes must agree on, read with plain SQL: documents (with children and their embedding
+    generations), chunk texts per document and version and which of generations 1 and 2 hold their vectors,
+    the generations, and the ingest_log actions per document in order."""
     with store.connection() as conn:
         documents = conn.execute(
-            "SELECT d.source_id, d.status, d.version, d.content_sha256, d.chunk_count, d.doc_type, d.embedding_model, "
+            "SELECT d.source_id, d.status, d.version, d.content_sha256, d.chunk_count, d.doc_type, d.generations, "
             "p.source_id FROM documents d LEFT JOIN documents p ON p.id = d.parent_id WHERE d.source = %s "
             "ORDER BY d.source_id", (source,)).fetchall()
         chunks = conn.execute(
-            "SELECT d.source_id, c.version, c.ordinal, c.text, c.embedding_model FROM chunks c "
-            "JOIN documents d ON d.id = c.document_id WHERE d.source = %s ORDER BY 1, 2, 3", (source,)).fetchall()
+            "SELECT d.source_id, c.version, c.ordinal, c.text, e1.embedding IS NOT NULL, e2.embedding IS NOT NULL "
+            "FROM chunks c JOIN documents d ON d.id = c.document_id "
+            "LEFT JOIN chunk_embeddings_1 e1 ON e1.chunk_id = c.id LEFT JOIN chunk_embeddings_2 e2 ON e2.chunk_id = c.id "
+            "WHERE d.source = %s ORDER BY 1, 2, 3", (source,)).fetchall()
+        generations = conn.execute("SELECT id, model, state FROM embedding_generations ORDER BY id").fetchall()
         log = conn.execute("SELECT source_id, action, status FROM ingest_log WHERE source = %s ORDER BY id",
                            (source,)).fetchall()
     actions: dict[str, list[tuple[str, str]]] = {}
     for sid, action, status in log:
         actions.setdefault(sid, []).append((action, status))
-    return {"documents": documents, "chunks": chunks, "actions": actions}
+    return {"documents": documents, "chunks": chunks, "actions": actions, "generations": generations}
 
 
 @pytest.fixture
@@ -86,14 +90,17 @@ def test_cli_and_dagster_routes_leave_the_same_index(tmp_path, shared_dir, pg_se
     assert cli[0]["actions"] == dagster[0]["actions"]
     assert cli[0]["documents"] == dagster[0]["documents"]
     assert cli[0]["chunks"] == dagster[0]["chunks"]
+    assert cli[0]["generations"] == dagster[0]["generations"]
 
     # and what they agree on is right: the attachment is a child document, the change and the deletion
-    # are applied, and after the model change every chunk carries the new model
+    # are applied, and after the model change every chunk has vectors in both generations, the new one active
     docs = {row[0]: row for row in cli[0]["documents"]}
     attachment = "mail.eml#attachment/1/fake-attachment.txt"
     assert docs[attachment][1] == "completed" and docs[attachment][7] == "mail.eml"
-    assert docs["n2.md"][1] == "deleted" and docs["n1.md"][2] == 3  # updated on day 1, re-embedded on day 2
-    assert {row[4] for row in cli[0]["chunks"]} == {second_model.model_id}
+    assert docs["n2.md"][1] == "deleted" and docs["n1.md"][2] == 2  # updated on day 1; day 2 adds vectors only
+    assert {(row[4], row[5]) for row in cli[0]["chunks"]} == {(True, True)}
+    assert cli[0]["generations"] == [(1, embedder.model_id, "retired"), (2, second_model.model_id, "active")]
+    assert {tuple(sorted(row[6])) for row in cli[0]["documents"] if row[1] == "completed"} == {(1, 2)}
     assert cli[1][0] == {**{n: "added" for n in NOTES}, "mail.eml": "added", attachment: "added"}
     assert cli[1][1] == {"n1.md": "updated", "n2.md": "deleted"}
     assert cli[1][2] == {sid: "re-embedded" for sid in [*NOTES, "mail.eml", attachment] if sid != "n2.md"}

@@ -230,7 +230,7 @@ def test_a_filtered_query_returns_exactly_min_k_readable_rows_on_both_paths(tmp_
         assert eligible == 2  # one chunk each: payroll.md, roadmap.md
         for exact_below, strategy in ((2000, "exact"), (0, "hnsw")):
             for k in (1, 2, 5):
-                result = search(conn, vector, model=embedder.model_id, k=k, readable=readable, exact_below=exact_below)
+                result = search(conn, vector, k=k, readable=readable, exact_below=exact_below)
                 assert len(result.hits) == min(k, eligible)
                 assert {h.source_id for h in result.hits} <= {"payroll.md", "roadmap.md"}
                 assert result.strategy in ({strategy} if k <= eligible else {"hnsw+exact", "exact"})

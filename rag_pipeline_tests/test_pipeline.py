@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rag_pipeline.pipeline.sync import EXIT_DOCUMENT_FAILURES, EXIT_OK, sync_source
 from rag_pipeline.sources.local import LocalFolderSource
+from rag_pipeline.store import generations as gens
 from rag_pipeline.store.invariants import check_index
 
 TEXTS = {
@@ -115,10 +116,16 @@ def test_a_same_dimension_model_change_re_embeds_without_extracting(tmp_path, se
     other = SentenceTransformerEmbedder(str(other_dir))
     assert other.model_id != embedder.model_id and other.dimension == embedder.dimension
     fetches.clear()
+    with store.connection() as conn:
+        before = conn.execute("SELECT source_id, version FROM documents ORDER BY 1").fetchall()
     report = sync_source(src, store, other, settings)
     assert {d.action.value for d in report.documents} == {"re-embedded"} and fetches == []
     with store.connection() as conn:
-        models = conn.execute("SELECT DISTINCT embedding_model FROM chunks").fetchall()
-        assert models == [(other.model_id,)]
+        # a new generation filled from the stored chunk texts (no new version), complete, hence active now
+        (g,) = [g for g in gens.kept(conn) if g.model == other.model_id]
+        assert g.state == "active" and gens.progress(conn, g).complete
+        assert conn.execute("SELECT source_id, version FROM documents ORDER BY 1").fetchall() == before
+        assert {r[0] for r in conn.execute("SELECT model FROM embedding_generations WHERE state = 'retired'")} == {
+            embedder.model_id}
         assert check_index(conn) == []
     assert {d.action.value for d in sync_source(src, store, other, settings).documents} == {"skipped-unchanged"}

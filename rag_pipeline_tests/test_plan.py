@@ -21,7 +21,8 @@ from rag_pipeline.store.index import IndexedDocument
 D = Decision
 NOW = datetime(2024, 6, 1, 12, 0, tzinfo=timezone.utc)
 SHA_A, SHA_B = "a" * 64, "b" * 64
-MODEL, OTHER_MODEL = "all-MiniLM-L6-v2", "bge-small-en-v1.5"
+MODEL, OTHER_MODEL = (1,), (1, 2)
+"""Kept embedding generations: the active one only; the active one and a new model's, being built."""
 REASON = "Zotero linked_url attachment: a link to a web page, no file is stored"
 
 
@@ -40,7 +41,7 @@ def indexed(sid: str = "report.pdf", status: str = "completed", **changes) -> In
                           failure_count=0, last_error=None, expected_chunk_count=3, stored_chunks=3,
                           title=f"Title of {sid}", uri=f"file:///{sid}", mime_type="application/pdf",
                           metadata={"author": "Ada"}, modified_at=None, updated_at=NOW - timedelta(minutes=30),
-                          doc_type="pdf", embedding_model=MODEL)
+                          doc_type="pdf", generations=(1,))
     return dataclasses.replace(row, **changes)
 
 
@@ -216,7 +217,7 @@ def test_plan_document_matrix(status, change, expected):
     doc_changes, row_changes, model = CHANGES[change]
     row_fields = STATUSES[status]
     row = None if row_fields is None else indexed(**{**row_fields, **row_changes})
-    assert plan_document(listed(**doc_changes), row, Settings(), model=model, now=NOW) == expected
+    assert plan_document(listed(**doc_changes), row, Settings(), generations=model, now=NOW) == expected
 
 
 EDGES = [
@@ -268,8 +269,8 @@ EDGES = [
     pytest.param(listed(), indexed(stored_chunks=4), {}, MODEL, D.REPAIR,
                  id="completed-extra-rows"),  # more rows than expected: not complete either
     # the model: only a known, different model triggers REEMBED
-    pytest.param(listed(), indexed(embedding_model=None), {}, OTHER_MODEL, D.UNCHANGED,
-                 id="row-model-unknown"),  # reading: an unrecorded model is not assumed different
+    pytest.param(listed(), indexed(generations=()), {}, MODEL, D.REEMBED,
+                 id="row-in-no-generation"),  # vectors lost (an index upgraded mid re-embed): filled
     pytest.param(listed(), indexed(), {}, None, D.UNCHANGED, id="no-model-configured"),  # model=None: no check
     # metadata comparison details
     pytest.param(listed(source_version=None), indexed(), {}, MODEL, D.UNCHANGED,
@@ -289,7 +290,7 @@ EDGES = [
 
 @pytest.mark.parametrize(("doc", "row", "settings", "model", "expected"), EDGES)
 def test_plan_document_edges(doc, row, settings, model, expected):
-    assert plan_document(doc, row, Settings(**settings), model=model, now=NOW) == expected
+    assert plan_document(doc, row, Settings(**settings), generations=model, now=NOW) == expected
 
 
 @pytest.mark.parametrize(("failure_count", "settings", "expected_s"), [
@@ -437,7 +438,7 @@ DIFFS = [
     # an empty feed page: nothing to do, nothing vanishes, the guard passes
     pytest.param([], state_of(a={}, b={}), dict(full_listing=False), [], [], [], ZERO, True, id="feed-empty-page"),
     # the configured model reaches plan_document
-    pytest.param([listed("a"), listed("b")], state_of(a={}, b=dict(embedding_model=OTHER_MODEL)), dict(model=MODEL),
+    pytest.param([listed("a"), listed("b")], state_of(a={}, b=dict(generations=())), dict(generations=MODEL),
                  [("b", D.REEMBED)], [("a", D.UNCHANGED)], [], {**ZERO, "unchanged": 1, "reembed": 1}, True,
                  id="model-reaches-plan"),
 ]

@@ -17,6 +17,7 @@ from rag_pipeline.permissions.visibility import apply_guard_visibility
 from rag_pipeline.pipeline.plan import SourceDiff, diff_documents
 from rag_pipeline.sources.base import ChangeFeedUnavailable, Source, SourceDocument, SourceError
 from rag_pipeline.store import staging
+from rag_pipeline.store.generations import kept
 from rag_pipeline.store.index import load_index_state
 
 log = logging.getLogger(__name__)
@@ -42,16 +43,17 @@ def verification_due(conn: psycopg.Connection, source: Source, settings: Setting
 
 
 def list_and_diff(source: Source, conn: psycopg.Connection, settings: Settings, *, cursor: str | None = None,
-                  verify: bool = False, count_rows: bool = True, model: str | None = None,
+                  verify: bool = False, count_rows: bool = True,
                   allow_mass_delete: bool = False, confirm_delete: int | None = None) -> SourceDiff:
     """List ``source`` (its change feed since ``cursor`` when given and usable, else a full listing; with
     ``verify`` a verifying listing), read its index state once and diff (``plan.diff_documents``).
 
     ``count_rows``: count each current version's chunk rows (finds missing rows to repair) rather than
-    trusting ``documents.chunk_count``. ``model``: the configured embedding model (plans re-embedding).
+    trusting ``documents.chunk_count``. Documents lacking vectors in a kept embedding generation are planned
+    ``REEMBED`` (``store.generations``).
     The diff's ``next_cursor`` is the cursor valid after this listing (None when the listing failed or the
     source has no feed). Only database errors raise."""
-    options = dict(model=model, allow_mass_delete=allow_mass_delete, confirm_delete=confirm_delete)
+    options = dict(allow_mass_delete=allow_mass_delete, confirm_delete=confirm_delete)
     if cursor:
         try:
             changes = source.changes(cursor)
@@ -83,7 +85,7 @@ def _diff(conn: psycopg.Connection, source: Source, settings: Settings, docs: li
           **kwargs) -> SourceDiff:
     state = load_index_state(conn, source.name, count_rows=count_rows)
     diff = diff_documents(source.name, docs, state, settings, full_listing=full_listing,
-                          index_retries=not full_listing, **kwargs)
+                          index_retries=not full_listing, generations=[g.id for g in kept(conn)], **kwargs)
     diff.listing_error = listing_error
     return diff
 
@@ -98,13 +100,13 @@ def cursor_after(diff: SourceDiff, previous: str | None) -> str | None:
     return diff.next_cursor
 
 
-def take_inventory(source: Source, conn: psycopg.Connection, settings: Settings, *, model: str | None = None,
+def take_inventory(source: Source, conn: psycopg.Connection, settings: Settings, *,
                    allow_mass_delete: bool = False, confirm_delete: int | None = None) -> SourceDiff:
     """A full listing + diff whose vanished documents become the source's pending deletions when the guard
     passes; the pending list is emptied when it does not (nothing can be purged then), and the held
 documents are hidden or shown by the source's policy (``permissions.visibility``). The Dagster
     ``source_inventory`` asset; ``pipeline.staged.purge_deletions`` applies the list."""
-    diff = list_and_diff(source, conn, settings, model=model, allow_mass_delete=allow_mass_delete,
+    diff = list_and_diff(source, conn, settings, allow_mass_delete=allow_mass_delete,
                          confirm_delete=confirm_delete)
     staging.replace_pending_deletions(
         conn, source.name, [(i.id, i.source_id) for i in diff.vanished] if diff.guard.passed else [])

@@ -8,7 +8,7 @@ deletions. Every caller (``pipeline.sync``, the Dagster sensor and inventory) pl
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -24,7 +24,8 @@ class Decision(str, Enum):
     content and its backoff has passed; ``BACKOFF`` failed and still waiting; ``REPAIR`` completed but stored
     rows differ from the expected count; ``PENDING`` an attempt was interrupted or an operator asked for a
     retry; ``CHECK`` the listing carries neither hash nor version: fetch and compare; ``METADATA`` same
-    content, other title/uri/version/metadata; ``REEMBED`` same content, chunks of another model; ``SKIP``
+    content, other title/uri/version/metadata; ``REEMBED`` same content, vectors missing in a kept embedding
+    generation (a new model rolling out); ``SKIP``
     the source says it cannot be ingested and the index does not say so yet; ``UNCHANGED`` nothing to do."""
 
     ADD, CHANGE, RETRY, BACKOFF, REPAIR, PENDING = "add", "change", "retry", "backoff", "repair", "pending"
@@ -49,13 +50,14 @@ def _metadata_differs(doc: SourceDocument, i: IndexedDocument) -> bool:
             or (doc.source_version is not None and doc.source_version != i.source_version))
 
 
-def plan_document(doc: SourceDocument, i: IndexedDocument | None, settings: Settings, *, model: str | None = None,
-                  now: datetime | None = None) -> Decision:
+def plan_document(doc: SourceDocument, i: IndexedDocument | None, settings: Settings, *,
+                  generations: Collection[int] | None = None, now: datetime | None = None) -> Decision:
     """Decide what ``doc`` (as listed) needs given its index row ``i`` (None: never indexed).
 
     Content is compared by the listing's ``content_sha256`` when it has one, else by its ``source_version``
-    (a local file's size and mtime, an etag), else not at all (``CHECK``). ``model``: the configured
-    embedding model (``REEMBED`` when the current chunks use another). ``now``: for the retry backoff
+    (a local file's size and mtime, an etag), else not at all (``CHECK``). ``generations``: the kept
+    embedding generations (``REEMBED`` when the current version lacks vectors in one of them: filled from
+    the stored chunk texts). ``now``: for the retry backoff
     (default: the current UTC time). Pure function.
     """
     if i is None or i.status == "deleted":
@@ -76,7 +78,7 @@ def plan_document(doc: SourceDocument, i: IndexedDocument | None, settings: Sett
             return Decision.CHECK
         if not i.complete:
             return Decision.REPAIR
-        if model and i.embedding_model and i.embedding_model != model:
+        if generations and not set(generations) <= set(i.generations):
             return Decision.REEMBED
         return Decision.METADATA if _metadata_differs(doc, i) else Decision.UNCHANGED
     if i.status == "pending":
@@ -202,7 +204,8 @@ class SourceDiff:
 def diff_documents(source: str, docs: Sequence[SourceDocument], state: Mapping[str, IndexedDocument],
                    settings: Settings, *, complete: bool = True, incomplete_reason: str | None = None,
                    full_listing: bool = True, deleted_ids: Iterable[str] = (), index_retries: bool = False,
-                   model: str | None = None, allow_mass_delete: bool = False, confirm_delete: int | None = None,
+                   generations: Collection[int] | None = None, allow_mass_delete: bool = False,
+                   confirm_delete: int | None = None,
                    now: datetime | None = None) -> SourceDiff:
     """Plan ``docs`` against ``state`` (``store.index.load_index_state``) and judge deletions. Pure function.
 
@@ -219,7 +222,7 @@ def diff_documents(source: str, docs: Sequence[SourceDocument], state: Mapping[s
     unique: list[SourceDocument] = []
 
     def consider(doc: SourceDocument, i: IndexedDocument | None, *, only: frozenset[Decision] | None = None) -> None:
-        decision = plan_document(doc, i, settings, model=model, now=now)
+        decision = plan_document(doc, i, settings, generations=generations, now=now)
         if only is not None and decision not in only:
             return
         decisions[decision.value] = decisions.get(decision.value, 0) + 1

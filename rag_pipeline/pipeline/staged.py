@@ -21,15 +21,16 @@ from rag_pipeline.pipeline.plan import IDLE, Decision, plan_document
 from rag_pipeline.pipeline.steps import Prepared, RunContext, Work
 from rag_pipeline.sources.base import Inventory, Source, SourceDocument, SourceError
 from rag_pipeline.store import staging
+from rag_pipeline.store.generations import activate_if_complete, active, kept
 from rag_pipeline.store.index import IndexedDocument, document_from_index, find_document
 
 
-def work_for(ctx: RunContext, doc: SourceDocument, *, model: str | None = None) -> Work:
+def work_for(ctx: RunContext, doc: SourceDocument) -> Work:
     """The work for one document asked for by id (a sensor's run, a UI materialization, a backfill): the
     plan's decision against its row, where "nothing to do" becomes ``CHECK`` (someone asked: fetch and
     compare)."""
     i = find_document(ctx.conn, ctx.source, doc.source_id)
-    decision = plan_document(doc, i, ctx.settings, model=model)
+    decision = plan_document(doc, i, ctx.settings, generations=[g.id for g in kept(ctx.conn)])
     return Work(doc, i, Decision.CHECK if decision in IDLE else decision)
 
 
@@ -107,12 +108,11 @@ def document_for(ctx: RunContext, source: Source, source_id: str, listing: Sourc
     raise _refused(ctx, source_id)
 
 
-def stage_markdown(ctx: RunContext, source: Source, doc: SourceDocument, *,
-                   model: str | None = None) -> Prepared | DocumentOutcome:
+def stage_markdown(ctx: RunContext, source: Source, doc: SourceDocument) -> Prepared | DocumentOutcome:
     """``document_markdown``: fetch, hash, extract (``steps.fetch_and_extract``); stage the Markdown.
     Extraction is reused from a stage of the same content."""
     with document_step(ctx.conn, ctx.source, [doc.source_id]):
-        work = work_for(ctx, doc, model=model)
+        work = work_for(ctx, doc)
 
         def staged(sha: str):
             s = staging.load_stage(ctx.conn, work.indexed.id) if work.indexed else None
@@ -160,11 +160,13 @@ def stage_chunks(ctx: RunContext, source_id: str, embedder: Embedder) -> Prepare
 def write_embeddings(ctx: RunContext, source_ids: Sequence[str], embedder: Embedder, *,
                      force: bool = False) -> dict[str, DocumentOutcome]:
     """``document_embeddings``: embed and swap (``steps.embed_and_write``) every staged document of
-    ``source_ids``, re-embed completed ones whose chunks another model made (or all with ``force``) from
-    their stored chunk texts, then ingest the written documents' attachments (``steps.process``). One
-    outcome per id; attachments' outcomes are logged, not returned."""
+    ``source_ids``, re-embed completed ones whose current version lacks a kept embedding generation (or all
+    with ``force``) from their stored chunk texts, then ingest the written documents' attachments
+    (``steps.process``), and activate the configured model's generation once it is complete. One outcome per
+    id; attachments' outcomes are logged, not returned."""
     ids = list(dict.fromkeys(source_ids))
     out: dict[str, DocumentOutcome] = {}
+    kept_ids = {g.id for g in kept(ctx.conn)}
     with document_step(ctx.conn, ctx.source, ids):
         ready: list[Prepared] = []
         for sid in ids:
@@ -173,7 +175,7 @@ def write_embeddings(ctx: RunContext, source_ids: Sequence[str], embedder: Embed
                 ready.append(p)
                 continue
             if i is not None and i.status == "completed" and i.version > 0 and (
-                    force or (i.embedding_model or embedder.model_id) != embedder.model_id):
+                    force or not kept_ids <= set(i.generations)):
                 ready.append(steps.stored_version(ctx, Work(document_from_index(i), i, Decision.REEMBED),
                                                   time.perf_counter()))
             elif p is not None:  # Markdown staged but never chunked: the chunks step did not run
@@ -182,15 +184,17 @@ def write_embeddings(ctx: RunContext, source_ids: Sequence[str], embedder: Embed
             else:
                 out[sid] = done or DocumentOutcome(sid, None, Action.UNCHANGED, None, "not in the index")
                 if i is not None and i.status == "completed":
-                    out[sid].reason, out[sid].model = "embeddings up to date", i.embedding_model
+                    out[sid].reason, out[sid].model = "embeddings up to date", active(ctx.conn).model
         children: list[Work] = []
         for p, outcome in steps.embed_and_write(ctx, ready, embedder):
             out[p.work.doc.source_id] = outcome
             if outcome.status == "completed":
                 staging.clear_stage(ctx.conn, [p.document_id])
-                children += steps.attachments(ctx, p, model=embedder.model_id)
+                children += steps.attachments(ctx, p)
         if children:
             steps.process(ctx, None, children, embedder)
+    # a backfill of this asset over every partition is the Dagster route of a model rollout (``pipeline.rollout``)
+    activate_if_complete(ctx.conn, embedder.model_id, keep_days=ctx.settings.generation_keep_days)
     return {sid: out[sid] for sid in ids}
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import psycopg
 
 from rag_pipeline.chunking import Chunk, chunk_for_embedder
@@ -27,12 +28,14 @@ from rag_pipeline.config import Settings
 from rag_pipeline.embedding.base import Embedder, EmbeddingError
 from rag_pipeline.extraction.types import Extraction, ExtractionError, NoTextError
 from rag_pipeline.faults import checkpoint
+from rag_pipeline.pipeline import generations as gens
 from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.pipeline.plan import Decision
 from rag_pipeline.pipeline.spool import Spool, check_size
 from rag_pipeline.sources.base import DocumentSkipped, Source, SourceDocument, SourceError, fetch_into
 from rag_pipeline.store import index as idx
 from rag_pipeline.store import write as w
+from rag_pipeline.store.generations import kept as kept_generations
 from rag_pipeline.store.index import IndexedDocument
 
 log = logging.getLogger(__name__)
@@ -238,11 +241,13 @@ def _extract_fetched(ctx: RunContext, work: Work, document_id: int, sha: str, da
 
 
 def chunk(ctx: RunContext, p: Prepared, embedder: Embedder) -> Prepared | DocumentOutcome:
-    """Step 2: cut the Markdown into chunks within ``embedder``'s token limit. Markdown without a chunk
-    ends ``skipped`` (no text)."""
+    """Step 2: cut the Markdown into chunks within the token limit of every model they will be embedded with
+    (``pipeline.generations.targets``: the smallest limit of the kept generations, counted with each one's
+    tokenizer). Markdown without a chunk ends ``skipped`` (no text)."""
     if p.chunks is not None:
         return p
     try:
+        embedder = gens.targets(ctx.conn, ctx.settings, embedder)
         chunks = chunk_for_embedder(p.extraction.markdown, embedder, chunk_size=ctx.settings.chunk_size,
                                     chunk_overlap=ctx.settings.chunk_overlap)
         if not chunks:
@@ -280,15 +285,16 @@ def stored_version(ctx: RunContext, work: Work, started: float) -> Prepared:
     return Prepared(replace(work, doc=doc), i.id, sha, extraction, started, chunks=chunks, reembed=True)
 
 
-def _fit(p: Prepared, embedder: Embedder, settings: Settings) -> list[Chunk]:
-    """The stored chunks of a re-embed, recounted with ``embedder``'s tokenizer (cut again from the Markdown
-    when one exceeds its limit)."""
+def _fit(p: Prepared, embedder: Embedder, settings: Settings) -> tuple[list[Chunk], bool]:
+    """The stored chunks of a re-embed, recounted with ``embedder``'s tokenizers, and whether they were cut
+    again from the Markdown (one exceeds the smallest limit of the generations written: then every
+    generation gets the new chunks, as a new version)."""
     assert p.chunks is not None
     counts = embedder.count_tokens([c.text for c in p.chunks])
     if p.extraction.markdown and any(n > embedder.max_tokens for n in counts):
         return chunk_for_embedder(p.extraction.markdown, embedder, chunk_size=settings.chunk_size,
-                                  chunk_overlap=settings.chunk_overlap)
-    return [replace(c, token_count=n) for c, n in zip(p.chunks, counts, strict=True)]
+                                  chunk_overlap=settings.chunk_overlap), True
+    return [replace(c, token_count=n) for c, n in zip(p.chunks, counts, strict=True)], False
 
 
 def _written_action(p: Prepared) -> Action:
@@ -304,36 +310,77 @@ def _written_action(p: Prepared) -> Action:
 
 def embed_and_write(ctx: RunContext, batch: Sequence[Prepared], embedder: Embedder, *,
                     emit: Callable[..., None] | None = None) -> list[tuple[Prepared, DocumentOutcome]]:
-    """Step 3 for a batch of chunked documents: one embedding call for every distinct text the cache does
-    not hold, then one swap transaction per document. Returns ``(prepared, outcome)`` per document in order;
-    an embedding failure is a transient failure of every document of the batch, a write that stored the
-    wrong row count (rolled back) one of that document. ``emit("embedding", count=n)`` before the model."""
+    """Step 3 for a batch of chunked documents, for every kept embedding generation (``pipeline.generations``:
+    ``embedder`` is the configured one or a ``WriteTargets``): per generation one embedding call for every
+    distinct text its cache does not hold, then one swap transaction per document writing every generation
+    (``store.write.replace_document``). A re-embed whose stored chunks fit every model only fills the
+    generations its current version lacks (``store.write.add_generation_vectors``: no new version).
+
+    Returns ``(prepared, outcome)`` per document in order. An embedding failure of the active generation is
+    a transient failure of every document of the batch; another generation's failure leaves that generation
+    out of this batch (its documents are filled by a later run), logged. A write that stored the wrong row
+    count (rolled back) fails that document. ``emit("embedding", count=n)`` before each model call."""
     if not batch:
         return []
-    batch = [replace(p, chunks=_fit(p, embedder, ctx.settings)) if p.reembed else p for p in batch]
     try:
-        vectors, missing = idx.vectors_for_texts(
-            ctx.conn, embedder, [c.text for p in batch for c in p.chunks or ()],
-            before_embed=(lambda n: emit("embedding", count=n)) if emit else None)
-        checkpoint("pipeline.after_embed")
+        targets = gens.targets(ctx.conn, ctx.settings, embedder)
     except EmbeddingError as exc:
-        return [(p, fail(ctx, p.work, p.document_id, exc, sha=p.sha, started=p.started,
-                         mime=p.extraction.mime_type, doc_type=p.extraction.doc_type)) for p in batch]
-    fresh = set(missing)
+        return [(p, fail(ctx, p.work, p.document_id, exc, sha=p.sha, started=p.started)) for p in batch]
+    fill: dict[int, list[int]] = {}  # batch index -> generation ids to fill (re-embeds that keep their chunks)
+    prepared: list[Prepared] = []
+    for n, p in enumerate(batch):
+        if p.reembed:
+            chunks, rechunked = _fit(p, targets, ctx.settings)
+            p = replace(p, chunks=chunks)
+            have = set(p.work.indexed.generations if p.work.indexed else ())
+            lacking = [g for g in targets.generation_ids if g not in have]
+            if not rechunked and have and lacking:
+                fill[n] = lacking
+        prepared.append(p)
+    vectors: dict[int, dict[str, np.ndarray]] = {}
+    fresh: dict[int, set[str]] = {}
+    for target in targets.targets:
+        gid = target.generation.id
+        texts = [c.text for n, p in enumerate(prepared) if n not in fill or gid in fill[n] for c in p.chunks or ()]
+        if not texts:
+            continue
+        try:
+            vectors[gid], missing = idx.vectors_for_texts(
+                ctx.conn, target.generation, target.embedder, texts,
+                before_embed=(lambda k: emit("embedding", count=k)) if emit else None)
+            fresh[gid] = set(missing)
+            checkpoint("pipeline.after_embed")
+        except EmbeddingError as exc:
+            if target is targets.active:
+                return [(p, fail(ctx, p.work, p.document_id, exc, sha=p.sha, started=p.started,
+                                 mime=p.extraction.mime_type, doc_type=p.extraction.doc_type)) for p in prepared]
+            log.warning("embedding generation %s (%s) not written for this batch: %s", gid, target.generation.model, exc)
     out = []
-    for p in batch:
+    for n, p in enumerate(prepared):
         chunks = p.chunks or []
-        rows = [w.ChunkRow(c.ordinal, c.text, c.token_count, vectors[c.text], c.pages, c.heading_path, c.metadata)
-                for c in chunks]
-        embedded_here = {c.text for c in chunks if c.text in fresh}
-        fresh -= embedded_here
+        embedded_here = 0
+        for gid, done in fresh.items():
+            if n not in fill or gid in fill[n]:
+                mine = {c.text for c in chunks} & done
+                embedded_here += len(mine)
+                done -= mine
         x = p.extraction
         try:
-            version = w.replace_document(
-                ctx.conn, p.document_id, doc=p.work.doc, content_sha256=p.sha, chunks=rows,
-                embedding_model=embedder.model_id, mime_type=x.mime_type, doc_type=x.doc_type,
-                char_count=x.char_count, page_count=x.page_count, stats=x.stats, markdown=x.markdown,
-                expires=w.expires_at(p.work.doc, x.doc_type, ctx.settings.expiry_days))
+            if n in fill:
+                version = p.work.indexed.version
+                for gid in fill[n]:
+                    if gid in vectors:
+                        w.add_generation_vectors(ctx.conn, p.document_id, version, gid, {
+                            w.chunk_id(p.document_id, version, c.ordinal): vectors[gid][c.text] for c in chunks})
+            else:
+                rows = [w.ChunkRow(c.ordinal, c.text, c.token_count,
+                                   {gid: v[c.text] for gid, v in vectors.items()}, c.pages, c.heading_path, c.metadata)
+                        for c in chunks]
+                version, _ = w.replace_document(
+                    ctx.conn, p.document_id, doc=p.work.doc, content_sha256=p.sha, chunks=rows,
+                    mime_type=x.mime_type, doc_type=x.doc_type, char_count=x.char_count, page_count=x.page_count,
+                    stats=x.stats, markdown=x.markdown,
+                    expires=w.expires_at(p.work.doc, x.doc_type, ctx.settings.expiry_days))
         except psycopg.OperationalError:
             raise  # the database went away: nothing more can be recorded in this run
         except Exception as exc:  # rolled back; the previous version stays searchable
@@ -344,23 +391,24 @@ def embed_and_write(ctx: RunContext, batch: Sequence[Prepared], embedder: Embedd
             continue
         out.append((p, finish(ctx, DocumentOutcome(
             p.work.doc.source_id, p.work.doc.title, _written_action(p), "completed", None, p.document_id, version,
-            len(rows), x.char_count, x.page_count, embedder.model_id, len(embedded_here),
-            len(rows) - len(embedded_here), time.perf_counter() - p.started,
-            preview=chunks[0].text[:PREVIEW_CHARS], stats=dict(x.stats)))))
+            len(chunks), x.char_count, x.page_count, targets.model_id, embedded_here,
+            max(len(chunks) - embedded_here, 0), time.perf_counter() - p.started,
+            preview=chunks[0].text[:PREVIEW_CHARS] if chunks else None, stats=dict(x.stats)))))
     return out
 
 
-def attachments(ctx: RunContext, parent: Prepared, *, model: str) -> list[Work]:
+def attachments(ctx: RunContext, parent: Prepared) -> list[Work]:
     """Child documents (e-mail attachments) of a written parent, as work; children that are no longer
-    attached are tombstoned, unchanged complete ones left alone. A re-embedded parent's children whose
-    chunks are not of ``model`` are re-embedded with it. Attachments of attachments are not followed.
+    attached are tombstoned, unchanged complete ones left alone. A re-embedded parent's children that lack
+    a kept embedding generation are re-embedded too. Attachments of attachments are not followed.
     Ids: ``<parent id>#attachment/<n>/<file name>``."""
     if parent.work.parent_id is not None:
         return []
     rows = idx.children_of(ctx.conn, parent.document_id)
     if parent.reembed:
+        kept = {g.id for g in kept_generations(ctx.conn)}
         return [Work(idx.document_from_index(c), c, Decision.REEMBED, parent_id=parent.document_id) for c in rows
-                if c.status == "completed" and c.embedding_model != model]
+                if c.status == "completed" and not kept <= set(c.generations)]
     base = parent.work.doc.source_id
     wanted: dict[str, Work] = {}
     for n, (filename, data) in enumerate(parent.extraction.children, start=1):
@@ -383,6 +431,10 @@ def process(ctx: RunContext, source: Source | None, work_items: Sequence[Work], 
     ``emit(event, **data)`` receives ``start`` (``source_id``, ``done``, ``total``), ``embedding``
     (``count``) and ``document`` (``outcome``)."""
     size = batch_documents or ctx.settings.sync_batch_documents
+    try:
+        embedder = gens.targets(ctx.conn, ctx.settings, embedder)  # once for the run: every kept generation
+    except EmbeddingError:
+        pass  # each document's chunk step fails with the reason
     queue = list(work_items)
     done, total, outcomes = 0, len(queue), []
     while queue:
@@ -406,7 +458,7 @@ def process(ctx: RunContext, source: Source | None, work_items: Sequence[Work], 
             if emit:
                 emit("document", outcome=outcome)
             if outcome.status == "completed":
-                children = attachments(ctx, p, model=embedder.model_id)
+                children = attachments(ctx, p)
                 queue.extend(children)
                 total += len(children)
     return outcomes

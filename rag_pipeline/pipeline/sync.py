@@ -29,12 +29,18 @@ from rag_pipeline.faults import checkpoint
 from rag_pipeline.permissions.sync import PermissionReport, sync_permissions
 from rag_pipeline.permissions.visibility import apply_guard_visibility
 from rag_pipeline.pipeline import steps
-from rag_pipeline.pipeline.inventory import VERIFY_MODE, cursor_after, list_and_diff, verification_due
+from rag_pipeline.pipeline.inventory import (
+    VERIFY_MODE,
+    cursor_after,
+    list_and_diff,
+    verification_due,
+)
 from rag_pipeline.pipeline.locks import document_locks, source_lock
 from rag_pipeline.pipeline.outcome import Action, DocumentOutcome
 from rag_pipeline.pipeline.plan import GuardResult
 from rag_pipeline.pipeline.steps import Notifier, RunContext, Work
 from rag_pipeline.sources.base import Source
+from rag_pipeline.store import generations as gens
 from rag_pipeline.store import index as idx
 from rag_pipeline.store.db import Store
 
@@ -141,8 +147,11 @@ def _sync_locked(source: Source, conn: psycopg.Connection, embedder: Embedder, s
     verify = cursor is None and verification_due(conn, source, settings)
     run_id = idx.start_run(conn, source.name, VERIFY_MODE if verify else "full")
     ctx = RunContext(conn, source.name, settings, f"sync:{run_id}")
+    for dropped in gens.drop_expired(conn):
+        log.info("embedding generation %s (%s) dropped: kept past its rollback window", dropped.id, dropped.model)
+    gens.ensure_for(conn, embedder, settings)  # a newly configured model: its generation builds beside the active one
     checkpoint("sync.after_start")
-    diff = list_and_diff(source, conn, settings, cursor=cursor, verify=verify, model=embedder.model_id,
+    diff = list_and_diff(source, conn, settings, cursor=cursor, verify=verify,
                          allow_mass_delete=allow_mass_delete, confirm_delete=confirm_delete)
     mode = VERIFY_MODE if verify and diff.mode == "full" else diff.mode
     checkpoint("sync.after_listing")
@@ -182,6 +191,9 @@ def _sync_locked(source: Source, conn: psycopg.Connection, embedder: Embedder, s
         idx.save_cursor(conn, source.name, next_cursor)
     steps.notify_permanent(notifier, source.name, outcomes, max_failures=settings.max_failures)
     permissions = sync_permissions(source, conn, settings)
+    activated = gens.activate_if_complete(conn, embedder.model_id, keep_days=settings.generation_keep_days)
+    if activated is not None:
+        log.info("embedding generation %s (%s) is complete and now active", activated.id, activated.model)
 
     idle = [DocumentOutcome(p.doc.source_id, p.doc.title, Action.UNCHANGED, p.indexed.status,
                             p.indexed.last_error if p.indexed.status != "completed" else None, p.indexed.id,
@@ -195,5 +207,6 @@ def _sync_locked(source: Source, conn: psycopg.Connection, embedder: Embedder, s
     idx.finish_run(conn, run_id, status=status, mode=mode, listed=diff.listed, guard_passed=guard.passed,
                    guard_reason=guard.reason, counts={**report.counts(), "embedded": report.embedded,
                                                                 "held_back": report.held_back[:100], "hidden": hidden,
-                                                                "permissions": permissions.summary()})
+                                                                "permissions": permissions.summary(),
+                                                                **({"activated_generation": activated.id} if activated else {})})
     return report

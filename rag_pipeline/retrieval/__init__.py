@@ -3,8 +3,10 @@
 Every query names who asks: ``principals`` (expanded with ``everyone``, their e-mail domains and every
 group that contains them, from ``group_members``), or ``admin=True`` for an unfiltered query; a query
 with neither raises ``AccessDenied``. Only chunks of a document's current ``version`` of a non-deleted,
-non-hidden document whose ``expires_at`` is unset or in the future, embedded with the configured model,
-and whose scope (``documents.principals``) meets the caller's expanded principals are eligible.
+non-hidden document whose ``expires_at`` is unset or in the future, with a vector in the *active*
+embedding generation (``store.generations``: the query text is embedded with that generation's model, so a
+rollout never answers from part of the corpus), and whose scope (``documents.principals``) meets the
+caller's expanded principals are eligible.
 
 ``search`` is the one query of the index (``query`` and ``benchmarks/bench_permissions.py`` call it):
 
@@ -30,8 +32,17 @@ from datetime import datetime
 import numpy as np
 import psycopg
 
+from rag_pipeline.config import Settings
 from rag_pipeline.embedding.base import Embedder
+from rag_pipeline.store import generations as gens
 from rag_pipeline.store.db import Store
+from rag_pipeline.store.generations import Generation
+
+
+def _settings() -> Settings:
+    from rag_pipeline.config import get_settings
+
+    return get_settings()
 
 EXACT_BELOW_DOCUMENTS = 2000
 """A caller who can read fewer documents than this (and fewer than ``EXACT_BELOW_CHUNKS`` chunks) is answered
@@ -48,11 +59,10 @@ exact fallback) for its rows."""
 _VISIBLE = """d.status IN ('completed', 'failed', 'permanently_failed', 'pending')
   AND d.deleted_at IS NULL AND d.hidden_reason IS NULL
   AND (d.expires_at IS NULL OR d.expires_at > now())
-  AND c.embedding_model = %(model)s
   AND (%(source)s::text IS NULL OR d.source = %(source)s::text)"""
 _READABLE = "(%(readable)s::text[] IS NULL OR d.principals && %(readable)s::text[])"
 _COLUMNS = """c.id, d.id, d.source, d.source_id, d.title, d.uri, c.version, c.ordinal, c.pages, c.heading_path,
-  c.text, c.embedding <=> %(v)s, d.modified_at,
+  c.text, e.embedding <=> %(v)s, d.modified_at,
   EXTRACT(EPOCH FROM now() - COALESCE(d.modified_at, d.ingested_at, d.created_at))"""
 
 
@@ -96,17 +106,19 @@ def _hits(rows: Sequence[tuple]) -> list[Hit]:
                 r[12], float(r[13])) for r in rows]
 
 
-def search(conn: psycopg.Connection, vector: np.ndarray, *, model: str, k: int, readable: Sequence[str] | None,
-           source: str | None = None, exact_below: int = EXACT_BELOW_DOCUMENTS,
+def search(conn: psycopg.Connection, vector: np.ndarray, *, k: int, readable: Sequence[str] | None,
+           source: str | None = None, generation: Generation | None = None, exact_below: int = EXACT_BELOW_DOCUMENTS,
            exact_below_chunks: int = EXACT_BELOW_CHUNKS, ef_search: int = EF_SEARCH) -> SearchResult:
-    """The top ``k`` eligible chunks nearest ``vector`` (float32, the index's dimension) by cosine distance.
+    """The top ``k`` eligible chunks nearest ``vector`` (float32, ``generation``'s dimension) by cosine
+    distance, in ``generation``'s vectors (default: the active generation).
 
     ``readable``: the caller's *expanded* principals (``permissions.groups.expand``), or ``None`` for an
     admin (no permission filter). ``exact_below`` / ``exact_below_chunks``: answer exactly when fewer
     documents and chunks are readable (``exact_below=0``: never). Statements are never prepared (a generic
     plan would lose the per-caller choice of index). Runs in its own transaction (``SET LOCAL``); raises
     only database errors."""
-    params = {"v": np.asarray(vector, dtype=np.float32), "model": model, "source": source, "k": k,
+    g = generation or gens.active(conn)
+    params = {"v": gens.to_sql_vector(g, vector), "source": source, "k": k,
               "readable": list(readable) if readable is not None else None}
     with conn.transaction():
         if readable is not None and exact_below > 0:
@@ -116,40 +128,46 @@ def search(conn: psycopg.Connection, vector: np.ndarray, *, model: str, k: int, 
                 "AND (%(source)s::text IS NULL OR d.source = %(source)s::text) LIMIT %(limit)s) s",
                 {**params, "limit": exact_below}, prepare=False).fetchone()
             if n < exact_below and chunks < exact_below_chunks:
-                return SearchResult(_exact(conn, params), "exact")
+                return SearchResult(_exact(conn, g, params), "exact")
         conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
         conn.execute("SET LOCAL hnsw.ef_search = %d" % min(MAX_EF_SEARCH, max(int(ef_search), 4 * k)))
         rows = conn.execute(
             f"""
             WITH nearest AS MATERIALIZED (
                 SELECT {_COLUMNS}
-                FROM chunks c JOIN documents d ON d.id = c.document_id AND d.version = c.version
+                FROM {g.table} e JOIN chunks c ON c.id = e.chunk_id
+                JOIN documents d ON d.id = c.document_id AND d.version = c.version
                 WHERE {_VISIBLE} AND {_READABLE}
-                ORDER BY c.embedding <=> %(v)s
+                ORDER BY e.embedding <=> %(v)s
                 LIMIT %(k)s)
             SELECT * FROM nearest ORDER BY 12
             """, params, prepare=False).fetchall()
         if len(rows) == k:
             return SearchResult(_hits(rows), "hnsw")
-        return SearchResult(_exact(conn, params), "hnsw+exact")
+        return SearchResult(_exact(conn, g, params), "hnsw+exact")
 
 
-def _exact(conn: psycopg.Connection, params: dict) -> list[Hit]:
+def _exact(conn: psycopg.Connection, g: Generation, params: dict) -> list[Hit]:
     # "+ 0" keeps the planner off the HNSW index: every eligible chunk is ranked.
     return _hits(conn.execute(
         f"""
         SELECT {_COLUMNS}
         FROM documents d JOIN chunks c ON c.document_id = d.id AND c.version = d.version
+        JOIN {g.table} e ON e.chunk_id = c.id
         WHERE {_VISIBLE} AND {_READABLE}
-        ORDER BY (c.embedding <=> %(v)s) + 0
+        ORDER BY (e.embedding <=> %(v)s) + 0
         LIMIT %(k)s
         """, params, prepare=False).fetchall())
 
 
 def query(store: Store, embedder: Embedder, text: str, *, k: int = 5, source: str | None = None,
           principals: Sequence[str] | None = None, admin: bool = False, recheck: bool = False,
-          sources: Mapping[str, object] | None = None) -> list[Hit]:
+          sources: Mapping[str, object] | None = None, settings: Settings | None = None) -> list[Hit]:
     """Return up to ``k`` ``Hit``s for ``text`` that the caller may read (ranked, best first) and log the query.
+
+    The text is embedded with the active generation's embedder: ``embedder`` (the configured one) when it
+    is that generation's model, else one built from the generation's recorded settings over ``settings``
+    (default ``config.get_settings()``): during a rollout and after a rollback queries keep the active model.
 
     ``principals``: who asks (``permissions.principals.parse_principal`` forms; a bare e-mail is a user);
     ``admin``: an unfiltered query (still current, visible versions only). ``recheck``: ask each hit's
@@ -168,14 +186,15 @@ def query(store: Store, embedder: Embedder, text: str, *, k: int = 5, source: st
     if not given and not admin:
         raise AccessDenied("a query must name the principal it runs as (or say it is an admin query)")
     started = time.perf_counter()
-    vector = np.asarray(embedder.embed([text])[0], dtype=np.float32)
     with store.connection() as conn:
+        g, query_embedder = gens.query_embedder(conn, settings or _settings(), embedder)
+        vector = np.asarray(query_embedder.embed([text])[0], dtype=np.float32)
         readable = None if admin else sorted(expand(conn, given))
-        result = search(conn, vector, model=embedder.model_id, k=k, readable=readable, source=source)
+        result = search(conn, vector, k=k, readable=readable, source=source, generation=g)
         hits = result.hits
         filtered = None
         if readable is not None:
-            unfiltered = search(conn, vector, model=embedder.model_id, k=k, readable=None, source=source)
+            unfiltered = search(conn, vector, k=k, readable=None, source=source, generation=g)
             ids = sorted({h.document_id for h in unfiltered.hits})
             hidden = {r[0] for r in conn.execute(
                 "SELECT id FROM documents WHERE id = ANY(%s) AND NOT principals && %s::text[]",
@@ -188,13 +207,13 @@ def query(store: Store, embedder: Embedder, text: str, *, k: int = 5, source: st
             """
             INSERT INTO retrieval_log (query, k, embedding_model, chunk_ids, scores, document_ids, versions,
                                        document_ages_s, duration_ms, principals, admin, filtered_count,
-                                       recheck_dropped, recheck_dropped_ids)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                       recheck_dropped, recheck_dropped_ids, generation)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             """,
-            (text.replace("\x00", ""), k, embedder.model_id, [h.chunk_id for h in hits], [h.score for h in hits],
+            (text.replace("\x00", ""), k, g.model, [h.chunk_id for h in hits], [h.score for h in hits],
              [h.document_id for h in hits], [h.version for h in hits], [h.age_s for h in hits],
              int((time.perf_counter() - started) * 1000), given, admin, filtered,
-             len(dropped) if recheck else None, dropped if recheck else None),
+             len(dropped) if recheck else None, dropped if recheck else None, g.id),
         )
     return hits
 

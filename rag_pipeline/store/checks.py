@@ -6,8 +6,9 @@ Each function only reads and returns a frozen result with ``passed`` and the num
   any other version (``chunk_count_complete``);
 * ``mixed_versions``: documents with chunk rows of two or more versions (``index_versions_unique``);
 * ``permanently_failed``: documents given up on, with their reasons (``no_permanently_failed_documents``);
-* ``other_model_chunks``: chunk rows embedded by a model other than the configured one
-  (``embedding_model_consistent``).
+* ``generation_status``: each kept embedding generation's progress (documents and chunks embedded vs
+  current) and whether the configured model's generation is the active, complete one
+  (``embedding_generation_progress``).
 
 Raise ``psycopg.Error`` on database errors.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from rag_pipeline.store.generations import Generation, Progress, kept, progress
 
 import psycopg
 
@@ -135,35 +138,29 @@ def permanently_failed(conn: psycopg.Connection, *, source: str | None = None, l
 
 
 @dataclass(frozen=True)
-class ModelConsistency:
-    """Chunk rows by embedding model other than ``model``: ``{model_id: (chunks, documents)}``."""
+class GenerationStatus:
+    """The kept embedding generations (``store.generations``) with their ``Progress``, and the configured
+    ``model``: ``passed`` when the configured model's generation is the active one and complete (no rollout
+    under way); while one is, ``rollout`` is that generation's progress."""
 
     model: str
-    others: dict[str, tuple[int, int]] = field(default_factory=dict)
+    generations: list[tuple[Generation, Progress]]
 
     @property
-    def other_chunks(self) -> int:
-        """Chunk rows embedded by another model."""
-        return sum(n for n, _ in self.others.values())
+    def active(self) -> tuple[Generation, Progress] | None:
+        return next(((g, p) for g, p in self.generations if g.state == "active"), None)
 
     @property
-    def other_documents(self) -> int:
-        """Documents holding such rows (summed per model)."""
-        return sum(d for _, d in self.others.values())
+    def rollout(self) -> tuple[Generation, Progress] | None:
+        """The configured model's generation when it is not the active one."""
+        return next(((g, p) for g, p in self.generations if g.model == self.model and g.state != "active"), None)
 
     @property
     def passed(self) -> bool:
-        """Every chunk was embedded by ``model``."""
-        return not self.others
+        a = self.active
+        return a is not None and a[0].model == self.model and a[1].complete
 
 
-def other_model_chunks(conn: psycopg.Connection, model: str) -> ModelConsistency:
-    """Count chunk rows (and their documents) embedded by any model other than ``model``."""
-    rows = conn.execute(
-        """
-        SELECT embedding_model, count(*), count(DISTINCT document_id) FROM chunks
-        WHERE embedding_model <> %s GROUP BY embedding_model ORDER BY embedding_model
-        """,
-        (model,),
-    ).fetchall()
-    return ModelConsistency(model, {r[0]: (int(r[1]), int(r[2])) for r in rows})
+def generation_status(conn: psycopg.Connection, model: str) -> GenerationStatus:
+    """``GenerationStatus`` of the index for the configured ``model`` (one progress count per kept generation)."""
+    return GenerationStatus(model, [(g, progress(conn, g)) for g in kept(conn)])

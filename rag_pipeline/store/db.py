@@ -11,7 +11,9 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 from rag_pipeline.config import Settings
+from rag_pipeline.store import generations
 from rag_pipeline.store.embedded import resolve_database_url
+from rag_pipeline.store.generations import Generation
 
 log = logging.getLogger(__name__)
 
@@ -20,20 +22,27 @@ _MIGRATION_LOCK_KEY = 0x7261675F6D6967  # "rag_mig": one migrator at a time acro
 
 
 class IndexConfigurationError(RuntimeError):
-    """The index was created for another embedding model or dimension than the one configured."""
+    """The configured embedder cannot be used with this index (a dimension pgvector cannot index, or a model
+    id already holding a generation of another dimension); raised before any DDL for the dimension."""
 
 
-def migrate(url: str, *, embedding_dimension: int, embedding_model: str) -> None:
-    """Bring the schema at ``url`` to the newest Alembic revision (idempotent, concurrency-safe).
+def migrate(url: str, *, embedding_dimension: int, embedding_model: str,
+            embedding_spec: dict | None = None) -> Generation:
+    """Bring the schema at ``url`` to the newest Alembic revision (idempotent, concurrency-safe) and make
+    sure the configured embedder has an embedding generation (``store.generations.ensure``: the active one
+    of a new index, else a ``building`` one beside the active); returns that generation.
 
-    ``embedding_dimension`` fixes ``chunks.embedding`` at creation. Holds a PostgreSQL advisory lock so
-    that concurrent processes migrate once. Raises ``IndexConfigurationError`` when the existing index
-    has another dimension.
+    The dimension is checked first (``generations.storage_for``: at most 4,000), before any DDL. Holds a
+    PostgreSQL advisory lock so that concurrent processes migrate once. Raises ``IndexConfigurationError``.
     """
     import sqlalchemy as sa
     from alembic import command
     from alembic.config import Config
 
+    try:
+        generations.storage_for(embedding_dimension)
+    except generations.DimensionError as exc:
+        raise IndexConfigurationError(f"model {embedding_model!r}: {exc}") from None
     # ``creator`` lets any libpq connection string through (URLs and ``key=value`` forms alike).
     engine = sa.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(url),
                               poolclass=sa.pool.NullPool)
@@ -49,19 +58,18 @@ def migrate(url: str, *, embedding_dimension: int, embedding_model: str) -> None
                 cfg.attributes["embedding_model"] = embedding_model
                 command.upgrade(cfg, "head")
                 conn.commit()
-                row = conn.execute(
-                    sa.text("SELECT value FROM index_settings WHERE key = 'embedding_dimension'")
-                ).first()
             finally:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK_KEY})
                 conn.commit()
     finally:
         engine.dispose()
-    if row is not None and int(row[0]) != embedding_dimension:
-        raise IndexConfigurationError(
-            f"the index stores {row[0]}-dimensional embeddings but model {embedding_model!r} has "
-            f"{embedding_dimension}; point RAG_DATABASE_URL at a new database or re-create the index"
-        )
+    with psycopg.connect(url, autocommit=True) as pconn:
+        register_vector(pconn)
+        try:
+            return generations.ensure(pconn, model=embedding_model, dimension=embedding_dimension,
+                                      spec=embedding_spec or {"embedding_model": embedding_model})
+        except generations.GenerationError as exc:
+            raise IndexConfigurationError(str(exc)) from None
 
 
 class Store:
@@ -75,10 +83,14 @@ class Store:
         self.url = url
 
     @classmethod
-    def open(cls, settings: Settings, *, embedding_dimension: int, embedding_model: str) -> Store:
-        """Resolve the database URL, migrate, and return a ``Store``; raises ``psycopg.Error`` on connect failures."""
+    def open(cls, settings: Settings, *, embedding_dimension: int, embedding_model: str,
+             embedding_spec: dict | None = None) -> Store:
+        """Resolve the database URL, migrate, make sure the configured embedder has a generation (``migrate``;
+        ``embedding_spec``: the settings that rebuild it, default ``generations.spec_of(settings)``) and return
+        a ``Store``; raises ``IndexConfigurationError``, ``psycopg.Error`` on connect failures."""
         url = resolve_database_url(settings.database_url)
-        migrate(url, embedding_dimension=embedding_dimension, embedding_model=embedding_model)
+        migrate(url, embedding_dimension=embedding_dimension, embedding_model=embedding_model,
+                embedding_spec=embedding_spec if embedding_spec is not None else generations.spec_of(settings))
         return cls(url)
 
     def connect(self, *, autocommit: bool = True) -> psycopg.Connection:

@@ -13,6 +13,7 @@ from psycopg.types.json import Jsonb
 
 from rag_pipeline.embedding.base import Embedder
 from rag_pipeline.sources.base import SourceDocument
+from rag_pipeline.store.generations import Generation, from_sql_vector
 from rag_pipeline.store.write import text_sha256
 
 
@@ -40,7 +41,8 @@ class IndexedDocument:
     modified_at: datetime | None
     updated_at: datetime
     doc_type: str | None = None
-    embedding_model: str | None = None
+    generations: tuple[int, ...] = ()
+    """The embedding generations holding every vector of the current version (``store.generations``)."""
 
     @property
     def complete(self) -> bool:
@@ -62,8 +64,12 @@ class IndexedDocument:
 _COLUMNS = """
     d.id, d.source_id, d.status, d.version, d.content_sha256, d.seen_sha256, d.source_version,
     d.seen_source_version, d.failure_count, d.last_error, d.expected_chunk_count, {stored},
-    d.title, d.uri, d.mime_type, d.metadata, d.modified_at, d.updated_at, d.doc_type, d.embedding_model
+    d.title, d.uri, d.mime_type, d.metadata, d.modified_at, d.updated_at, d.doc_type, d.generations
 """
+def _indexed(row: Sequence[Any]) -> IndexedDocument:
+    return IndexedDocument(*row[:-1], generations=tuple(row[-1] or ()))
+
+
 _STORED_ROWS = "(SELECT count(*) FROM chunks c WHERE c.document_id = d.id AND c.version = d.version)"
 
 
@@ -76,7 +82,7 @@ def load_index_state(conn: psycopg.Connection, source: str, *, count_rows: bool 
     rows = conn.execute(
         f"SELECT {_COLUMNS.format(stored=_STORED_ROWS if count_rows else 'd.chunk_count')} FROM documents d "
         "WHERE d.source = %s AND d.parent_id IS NULL", (source,)).fetchall()
-    return {r[1]: IndexedDocument(*r) for r in rows}
+    return {r[1]: _indexed(r) for r in rows}
 
 
 def find_document(conn: psycopg.Connection, source: str, source_id: str) -> IndexedDocument | None:
@@ -84,14 +90,14 @@ def find_document(conn: psycopg.Connection, source: str, source_id: str) -> Inde
     row = conn.execute(
         f"SELECT {_COLUMNS.format(stored=_STORED_ROWS)} FROM documents d "
         "WHERE d.source = %s AND d.source_id = %s AND d.parent_id IS NULL", (source, source_id)).fetchone()
-    return IndexedDocument(*row) if row else None
+    return _indexed(row) if row else None
 
 
 def children_of(conn: psycopg.Connection, parent_id: int) -> list[IndexedDocument]:
     """The child documents (e-mail attachments) of ``parent_id``, tombstones included, by ``source_id``."""
     rows = conn.execute(f"SELECT {_COLUMNS.format(stored=_STORED_ROWS)} FROM documents d WHERE d.parent_id = %s "
                         "ORDER BY d.source_id", (parent_id,)).fetchall()
-    return [IndexedDocument(*r) for r in rows]
+    return [_indexed(r) for r in rows]
 
 
 def document_from_index(i: IndexedDocument) -> SourceDocument:
@@ -120,33 +126,32 @@ def save_cursor(conn: psycopg.Connection, source: str, cursor: str) -> None:
     )
 
 
-def cached_embeddings(conn: psycopg.Connection, model: str, sha256s: Sequence[str]) -> dict[str, np.ndarray]:
-    """Vectors already stored for these chunk-text hashes under ``model`` (the embedding cache):
+def cached_embeddings(conn: psycopg.Connection, g: Generation, sha256s: Sequence[str]) -> dict[str, np.ndarray]:
+    """Vectors generation ``g`` already holds for these chunk-text hashes (the embedding cache):
     ``{text_sha256: float32 vector}``; absent hashes are missing from the result."""
     if not sha256s:
         return {}
     rows = conn.execute(
-        """
-        SELECT DISTINCT ON (text_sha256) text_sha256, embedding
-        FROM chunks WHERE embedding_model = %s AND text_sha256 = ANY(%s)
+        f"""
+        SELECT DISTINCT ON (c.text_sha256) c.text_sha256, e.embedding
+        FROM chunks c JOIN {g.table} e ON e.chunk_id = c.id WHERE c.text_sha256 = ANY(%s)
         """,
-        (model, list(set(sha256s))),
+        (list(set(sha256s)),),
     ).fetchall()
-    # pgvector's loader returns ``pgvector.Vector`` objects, which numpy cannot convert directly.
-    return {sha: np.asarray(vec.to_numpy() if hasattr(vec, "to_numpy") else vec, dtype=np.float32)
-            for sha, vec in rows}
+    return {sha: from_sql_vector(vec) for sha, vec in rows}
 
 
-def vectors_for_texts(conn: psycopg.Connection, embedder: Embedder, texts: Sequence[str], *,
+def vectors_for_texts(conn: psycopg.Connection, g: Generation, embedder: Embedder, texts: Sequence[str], *,
                       before_embed: Callable[[int], None] | None = None) -> tuple[dict[str, np.ndarray], list[str]]:
-    """A vector for every distinct text of ``texts``: from the embedding cache (chunks stored under
-    ``embedder.model_id`` with the same text SHA-256) where possible, else embedded in one call.
+    """A vector in generation ``g`` for every distinct text of ``texts``: from the embedding cache (chunks
+    with the same text SHA-256 that ``g`` holds a vector for) where possible, else embedded with
+    ``embedder`` (``g``'s) in one call.
 
     Returns ``({text: float32 vector}, texts embedded now)``; ``before_embed(n)`` is called before the
     embedder with the number of texts it gets. Raises the embedder's ``EmbeddingError``.
     """
     hashes = {t: text_sha256(t) for t in texts}
-    cached = cached_embeddings(conn, embedder.model_id, list(hashes.values()))
+    cached = cached_embeddings(conn, g, list(hashes.values()))
     vectors = {t: cached[h] for t, h in hashes.items() if h in cached}
     missing = [t for t in hashes if t not in vectors]
     if missing:

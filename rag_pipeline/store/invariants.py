@@ -24,7 +24,11 @@ Two layers:
   - ``deleted_with_chunks``: a tombstone (``deleted``) still has chunk rows or Markdown;
   - ``tombstone_mismatch``: ``deleted_at`` is set on a live document or missing on a tombstone;
   - ``markdown_mismatch``: a ``completed`` document's stored Markdown is of another version or
-    content hash than the document row.
+    content hash than the document row;
+  - ``not_in_active_generation``: a document with a searchable version (``version > 0``, not deleted)
+    does not list the active embedding generation (``store.generations``): readers would not find it;
+  - ``generation_incomplete``: a document lists a kept generation whose table lacks a vector of one of the
+    current version's chunks.
 
 * ``check_against_listing(conn, source, listing, ...)`` compares with what the source holds now
   (``{source_id: content SHA-256}``). With ``converged=True`` (after a sync that ran to the end)
@@ -133,6 +137,33 @@ _INDEX_CHECKS: dict[str, str] = {
 }
 
 
+def _generation_checks(conn: psycopg.Connection) -> dict[str, str]:
+    """The per-generation checks for the kept generations now (their tables are named by id)."""
+    from rag_pipeline.store.generations import kept
+
+    gens = kept(conn)
+    active = next((g for g in gens if g.state == "active"), None)
+    checks: dict[str, str] = {}
+    if active is not None:
+        checks["not_in_active_generation"] = f"""
+            SELECT d.id, d.source, d.source_id,
+                   'version ' || d.version || ' (' || d.status || ') not in active generation {active.id}, lists '
+                   || COALESCE(array_to_string(d.generations, ','), '')
+            FROM documents d WHERE d.version > 0 AND d.deleted_at IS NULL AND NOT {active.id} = ANY(d.generations)
+        """
+    parts = [f"""
+            SELECT d.id, d.source, d.source_id,
+                   'generation {g.id} holds ' || count(e.chunk_id) || ' of ' || count(c.id) || ' vectors of version '
+                   || d.version
+            FROM documents d JOIN chunks c ON c.document_id = d.id AND c.version = d.version
+            LEFT JOIN {g.table} e ON e.chunk_id = c.id
+            WHERE {g.id} = ANY(d.generations) GROUP BY d.id HAVING count(e.chunk_id) <> count(c.id)
+        """ for g in gens]
+    if parts:
+        checks["generation_incomplete"] = " UNION ALL ".join(parts)
+    return checks
+
+
 def check_index(conn: psycopg.Connection, *, source: str | None = None) -> list[Violation]:
     """Every violation of the source-independent rules (module docstring), optionally for one
     ``source`` only. Runs in one read-only snapshot (REPEATABLE READ) so a concurrent sync cannot
@@ -141,7 +172,7 @@ def check_index(conn: psycopg.Connection, *, source: str | None = None) -> list[
     with conn.transaction():
         if conn.autocommit:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        for kind, sql in _INDEX_CHECKS.items():
+        for kind, sql in {**_INDEX_CHECKS, **_generation_checks(conn)}.items():
             rows = conn.execute(
                 f"SELECT * FROM ({sql}) v(document_id, source, source_id, detail) "
                 "WHERE %(source)s::text IS NULL OR v.source = %(source)s::text",

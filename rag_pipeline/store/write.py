@@ -1,11 +1,15 @@
 """The index's write paths: the one transaction that swaps a document's version, and state changes.
 
 ``replace_document`` is the only place that knows the swap (see ``../shared/notes/DESIGN.md``):
-``BEGIN``; lock the document row; write ``expected_chunk_count``; delete every chunk of the document;
-``COPY`` the new chunks in; count the rows stored for (document, new version); on a mismatch roll back
-(the previous complete version stays searchable) and raise ``IncompleteWriteError``; else set
-``version``, ``status = completed`` and the statistics; ``COMMIT``. Failures are recorded afterwards by
-``record_failure`` in a separate transaction, so the record survives the rollback.
+``BEGIN``; take the generations lock (shared) and read the kept embedding generations
+(``store.generations``); lock the document row; write ``expected_chunk_count``; delete every chunk of the
+document (their vectors go with them, in every generation); ``COPY`` the new chunks in, then their vectors
+into each kept generation's table; count the rows stored for (document, new version), in ``chunks`` and in
+every generation written; on a mismatch roll back (the previous complete version stays searchable) and raise
+``IncompleteWriteError``; else set ``version``, ``status = completed``, ``generations`` and the
+statistics; ``COMMIT``. ``add_generation_vectors`` fills one generation for a document's current version
+without touching the others. Failures are recorded afterwards by ``record_failure`` in a separate
+transaction, so the record survives the rollback.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from psycopg.types.json import Jsonb
 
 from rag_pipeline.faults import checkpoint
 from rag_pipeline.sources.base import SourceDocument
+from rag_pipeline.store.generations import LOCK_KEY as GENERATIONS_LOCK
+from rag_pipeline.store.generations import Generation, kept, to_sql_vector
 
 STATUSES = ("pending", "completed", "failed", "permanently_failed", "skipped", "deleted")
 """Every document status (``docs/states.md``); ``skipped`` is terminal but not a failure."""
@@ -32,17 +38,19 @@ FAILURE_KINDS = ("transient", "terminal", "skipped")
 
 
 class IncompleteWriteError(RuntimeError):
-    """Rows stored for a document's new version differ from ``expected_chunk_count``; rolled back."""
+    """Rows stored for a document's new version differ from ``expected_chunk_count``, or the vectors given
+    do not cover the active generation (it changed since they were computed); rolled back."""
 
 
 @dataclass(frozen=True)
 class ChunkRow:
-    """A chunk ready to store: ``embedding`` is a float32 vector of the index dimension."""
+    """A chunk ready to store: ``embeddings`` maps a generation id to the chunk's float32 vector in it
+    (``store.generations``; at least the active generation)."""
 
     ordinal: int
     text: str
     token_count: int
-    embedding: np.ndarray
+    embeddings: Mapping[int, np.ndarray]
     pages: Sequence[int] = ()
     heading_path: Sequence[str] = ()
     metadata: Mapping[str, Any] | None = None
@@ -106,6 +114,14 @@ def ensure_document(conn: psycopg.Connection, source: str, doc: SourceDocument, 
     return int(row[0])
 
 
+def _copy_vectors(conn: psycopg.Connection, g: Generation, rows: Sequence[tuple[str, np.ndarray]]) -> None:
+    with conn.cursor() as cur:
+        with cur.copy(f"COPY {g.table} (chunk_id, embedding) FROM STDIN WITH (FORMAT BINARY)") as copy:
+            copy.set_types(["text", g.storage])
+            for cid, vector in rows:
+                copy.write_row((cid, to_sql_vector(g, vector)))
+
+
 def replace_document(
     conn: psycopg.Connection,
     document_id: int,
@@ -113,7 +129,6 @@ def replace_document(
     doc: SourceDocument,
     content_sha256: str,
     chunks: Sequence[ChunkRow],
-    embedding_model: str,
     mime_type: str,
     doc_type: str,
     char_count: int,
@@ -121,16 +136,24 @@ def replace_document(
     stats: Mapping[str, Any],
     markdown: str,
     expires: datetime | None,
-) -> int:
-    """Atomically replace the document's indexed version with ``chunks``; return the new version number.
+) -> tuple[int, list[int]]:
+    """Atomically replace the document's indexed version with ``chunks``; return ``(new version, generation
+    ids written)``: every kept generation the chunks carry a vector for.
 
-    Raises ``IncompleteWriteError`` (rolled back) when the stored row count differs from ``len(chunks)``,
-    ``ValueError`` when ``chunks`` is empty (a completed document always has chunks).
+    Raises ``IncompleteWriteError`` (rolled back) when the stored row count differs from ``len(chunks)`` (in
+    ``chunks`` or in a generation) or the chunks carry no vector for the active generation, ``ValueError``
+    when ``chunks`` is empty (a completed document always has chunks).
     """
     if not chunks:
         raise ValueError("a completed document needs at least one chunk")
     expected = len(chunks)
     with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (GENERATIONS_LOCK,))
+        live = kept(conn)
+        written = [g for g in live if all(g.id in c.embeddings for c in chunks)]
+        if not any(g.state == "active" for g in written):
+            raise IncompleteWriteError("no vectors for the active embedding generation (it changed since they "
+                                       "were computed): written again on the next attempt")
         row = conn.execute(
             "SELECT version FROM documents WHERE id = %s FOR UPDATE", (document_id,)
         ).fetchone()
@@ -143,20 +166,21 @@ def replace_document(
         )
         conn.execute("DELETE FROM chunks WHERE document_id = %s", (document_id,))
         checkpoint("write.after_delete")
+        ids = [chunk_id(document_id, new_version, c.ordinal) for c in chunks]
         with conn.cursor() as cur:
             with cur.copy(
-                "COPY chunks (id, document_id, version, ordinal, text, text_sha256, embedding, "
-                "embedding_model, token_count, pages, heading_path, metadata) FROM STDIN WITH (FORMAT BINARY)"
+                "COPY chunks (id, document_id, version, ordinal, text, text_sha256, token_count, pages, "
+                "heading_path, metadata) FROM STDIN WITH (FORMAT BINARY)"
             ) as copy:
-                copy.set_types(["text", "int8", "int4", "int4", "text", "text", "vector", "text", "int4",
-                                "int4[]", "text[]", "jsonb"])
-                for c in chunks:
+                copy.set_types(["text", "int8", "int4", "int4", "text", "text", "int4", "int4[]", "text[]", "jsonb"])
+                for cid, c in zip(ids, chunks, strict=True):
                     copy.write_row((
-                        chunk_id(document_id, new_version, c.ordinal), document_id, new_version, c.ordinal,
-                        c.text, text_sha256(c.text), np.asarray(c.embedding, dtype=np.float32),
-                        embedding_model, c.token_count, list(c.pages), [h.replace("\x00", "") for h in c.heading_path],
+                        cid, document_id, new_version, c.ordinal, c.text, text_sha256(c.text), c.token_count,
+                        list(c.pages), [h.replace("\x00", "") for h in c.heading_path],
                         Jsonb(_json_safe(dict(c.metadata or {}))),
                     ))
+        for g in written:
+            _copy_vectors(conn, g, [(cid, c.embeddings[g.id]) for cid, c in zip(ids, chunks, strict=True)])
         checkpoint("write.after_insert")
         stored = conn.execute(
             "SELECT count(*) FROM chunks WHERE document_id = %s AND version = %s", (document_id, new_version)
@@ -165,6 +189,11 @@ def replace_document(
             raise IncompleteWriteError(
                 f"stored {stored} chunk rows for version {new_version}, expected {expected}"
             )
+        for g in written:
+            n = conn.execute(f"SELECT count(*) FROM {g.table} WHERE chunk_id = ANY(%s)", (ids,)).fetchone()[0]
+            if n != expected:
+                raise IncompleteWriteError(f"stored {n} vectors in embedding generation {g.id} for version "
+                                           f"{new_version}, expected {expected}")
         conn.execute(
             """
             INSERT INTO document_markdown (document_id, version, content_sha256, markdown)
@@ -178,7 +207,7 @@ def replace_document(
         conn.execute(
             """
             UPDATE documents SET
-              version = %s, status = 'completed', failure_count = 0, last_error = NULL, embedding_model = %s,
+              version = %s, status = 'completed', failure_count = 0, last_error = NULL, generations = %s,
               first_failed_at = NULL, last_failed_at = NULL,
               content_sha256 = %s, seen_sha256 = %s, source_version = %s, seen_source_version = %s,
               uri = %s, title = %s, mime_type = %s, doc_type = %s, modified_at = %s, expires_at = %s,
@@ -186,13 +215,44 @@ def replace_document(
               ingested_at = now(), ready_at = now(), deleted_at = NULL, updated_at = now()
             WHERE id = %s
             """,
-            (new_version, embedding_model, content_sha256, content_sha256, doc.source_version, doc.source_version,
-             _clean(doc.uri), _clean(doc.title), mime_type, doc_type, doc.modified_at, expires,
+            (new_version, [g.id for g in written], content_sha256, content_sha256, doc.source_version,
+             doc.source_version, _clean(doc.uri), _clean(doc.title), mime_type, doc_type, doc.modified_at, expires,
              stored, char_count, page_count, Jsonb(_json_safe(dict(stats))),
              Jsonb(_json_safe(dict(doc.metadata))), document_id),
         )
         checkpoint("write.before_commit")
-    return new_version
+    return new_version, [g.id for g in written]
+
+
+def add_generation_vectors(conn: psycopg.Connection, document_id: int, version: int, generation_id: int,
+                           vectors: Mapping[str, np.ndarray]) -> bool:
+    """Fill generation ``generation_id`` for the current ``version`` of a document, leaving its chunks and
+    the other generations alone: ``vectors`` maps each chunk id of that version to its vector. One
+    transaction: the vectors missing there are inserted, the count checked, ``generations`` gains the id.
+    Returns ``False`` (nothing written) when the document is no longer at ``version``, or the generation is
+    not kept any more; raises ``IncompleteWriteError`` (rolled back) when the vectors do not cover the chunks."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (GENERATIONS_LOCK,))
+        g = next((g for g in kept(conn) if g.id == generation_id), None)
+        row = conn.execute("SELECT version FROM documents WHERE id = %s FOR UPDATE", (document_id,)).fetchone()
+        if g is None or row is None or int(row[0]) != version:
+            return False
+        ids = [r[0] for r in conn.execute(
+            f"SELECT c.id FROM chunks c LEFT JOIN {g.table} e ON e.chunk_id = c.id "
+            "WHERE c.document_id = %s AND c.version = %s AND e.chunk_id IS NULL", (document_id, version))]
+        missing = [cid for cid in ids if cid not in vectors]
+        if missing:
+            raise IncompleteWriteError(f"no vector for {len(missing)} chunk(s) of version {version} "
+                                       f"(e.g. {missing[0]}) in embedding generation {g.id}")
+        _copy_vectors(conn, g, [(cid, vectors[cid]) for cid in ids])
+        total, done = conn.execute(
+            f"SELECT count(c.id), count(e.chunk_id) FROM chunks c LEFT JOIN {g.table} e ON e.chunk_id = c.id "
+            "WHERE c.document_id = %s AND c.version = %s", (document_id, version)).fetchone()
+        if total != done or total == 0:
+            raise IncompleteWriteError(f"embedding generation {g.id} holds {done} of {total} vectors of version {version}")
+        conn.execute("UPDATE documents SET generations = array_append(array_remove(generations, %s), %s) "
+                     "WHERE id = %s", (g.id, g.id, document_id))
+    return True
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,6 @@ def document_markdown(context: dg.AssetExecutionContext, config: MarkdownConfig,
                       notifier: NotifierResource) -> dg.MaterializeResult:
     """Each document's content as cleaned Markdown (fetched, hashed, extracted; staged in PostgreSQL)."""
     listing = document_from_json(json.loads(config.listing)) if config.listing else None
-    model = embedder.get(rag_settings.settings()).model_id
 
     def markdown(ctx, source, ids):
         out = {}
@@ -141,7 +140,7 @@ def document_markdown(context: dg.AssetExecutionContext, config: MarkdownConfig,
             except SourceError as exc:
                 out[sid] = DocumentOutcome(sid, None, Action.FAILED, None, str(exc), transient=exc.transient)
                 continue
-            out[sid] = staged.stage_markdown(ctx, source, doc, model=model)
+            out[sid] = staged.stage_markdown(ctx, source, doc)
         return out
 
     run_steps(context, rag_settings, store, embedder, sources, notifier, markdown, listing=listing)

@@ -41,20 +41,28 @@ def no_permanently_failed_documents(rag_settings: SettingsResource, store: Store
                       "| source | document | reason | failures |\n|---|---|---|---|\n" + table if table else "none")})
 
 
-@dg.asset_check(asset=document_embeddings, description="Every chunk was embedded by the configured model (warning).")
-def embedding_model_consistent(rag_settings: SettingsResource, store: StoreResource,
-                               embedder: EmbedderResource) -> dg.AssetCheckResult:
-    """Warns with the count when chunks of another model remain (re-embed with a backfill)."""
+@dg.asset_check(asset=document_embeddings,
+                description="The configured model's embedding generation is active and complete; while a new "
+                            "model rolls out, its progress (warning).")
+def embedding_generation_progress(rag_settings: SettingsResource, store: StoreResource,
+                                  embedder: EmbedderResource) -> dg.AssetCheckResult:
+    """Warns while the configured model's generation is not the active one (a rollout: documents and chunks
+    embedded vs current, per kept generation in the metadata; fill it with the ``reembed`` job)."""
     settings = rag_settings.settings()
     emb = embedder.get(settings)
     with store.open(settings, emb).connection() as conn:
-        found = check_sql.other_model_chunks(conn, emb.model_id)
+        found = check_sql.generation_status(conn, emb.model_id)
+    rollout = found.rollout
     return dg.AssetCheckResult(
         passed=found.passed, severity=dg.AssetCheckSeverity.WARN,
-        metadata={"model": emb.model_id, "other_model_chunks": found.other_chunks,
-                  "other_model_documents": found.other_documents,
-                  "by_model": dg.MetadataValue.json({m: {"chunks": c, "documents": d}
-                                                     for m, (c, d) in found.others.items()})})
+        metadata={"model": emb.model_id,
+                  "active_generation": found.active[0].id if found.active else None,
+                  "rollout_documents": f"{rollout[1].documents_done} / {rollout[1].documents}" if rollout else "",
+                  "rollout_chunks": f"{rollout[1].chunks_done} / {rollout[1].chunks}" if rollout else "",
+                  "generations": dg.MetadataValue.json([
+                      {"id": g.id, "model": g.model, "dimension": g.dimension, "storage": g.storage, "state": g.state,
+                       "documents": p.documents, "documents_done": p.documents_done, "chunks": p.chunks,
+                       "chunks_done": p.chunks_done} for g, p in found.generations])})
 
 
-INDEX_CHECKS = [index_versions_unique, no_permanently_failed_documents, embedding_model_consistent]
+INDEX_CHECKS = [index_versions_unique, no_permanently_failed_documents, embedding_generation_progress]

@@ -13,6 +13,7 @@ from rag_pipeline.embedding import Embedder, get_embedder
 from rag_pipeline.sources import build_source
 from rag_pipeline.sources.base import Source
 from rag_pipeline.store import Store
+from rag_pipeline.store.generations import embedder_spec, spec_of
 from rag_pipeline.pipeline.steps import Notifier
 
 # Process-wide caches (module level: pydantic turns underscore class attributes of a resource into
@@ -43,11 +44,11 @@ class EmbedderResource(dg.ConfigurableResource):
 
     def get(self, settings: Settings) -> Embedder:
         """Return the (process-wide, lazily loaded) embedder."""
-        model = self.model or settings.embedding_model
-        key = f"{model}|{settings.embedding_bf16}|{settings.embedding_batch_size}"
+        configured = settings.model_copy(update={"embedding_model": self.model or settings.embedding_model})
+        key = json.dumps(spec_of(configured), sort_keys=True, default=str)  # provider, model, URL, dimensions, ...
         with _LOCK:
             if key not in _EMBEDDERS:
-                _EMBEDDERS[key] = get_embedder(settings.model_copy(update={"embedding_model": model}))
+                _EMBEDDERS[key] = get_embedder(configured)
             return _EMBEDDERS[key]
 
 
@@ -66,7 +67,8 @@ class StoreResource(dg.ConfigurableResource):
             key = (url, embedder.dimension, embedder.model_id)
             if key not in _STORES:
                 s = settings.model_copy(update={"database_url": url})
-                _STORES[key] = Store.open(s, embedding_dimension=embedder.dimension, embedding_model=embedder.model_id)
+                _STORES[key] = Store.open(s, embedding_dimension=embedder.dimension, embedding_model=embedder.model_id,
+                                          embedding_spec=embedder_spec(embedder, s))
             return _STORES[key]
 
 

@@ -98,7 +98,7 @@ def build_source_assets(spec: SourceSpec) -> list[dg.AssetsDefinition]:
             context.log.warning(f"{source.name}: mass-delete override requested for this inventory")
         emb = embedder.get(settings)
         with store.open(settings, emb).connection() as conn:
-            diff = take_inventory(source, conn, settings, model=emb.model_id, allow_mass_delete=config.allow_mass_delete,
+            diff = take_inventory(source, conn, settings, allow_mass_delete=config.allow_mass_delete,
                                   confirm_delete=config.confirm_delete)
         if not diff.guard.passed:
             g = diff.guard

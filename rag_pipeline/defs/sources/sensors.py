@@ -60,21 +60,19 @@ def build_source_diff_sensor(spec: SourceSpec, ingest_job: UnresolvedAssetJobDef
         settings = rag_settings.settings()
         emb = embedder.get(settings)
         return source_diff_tick(context, spec, sources.build(spec.name), store.open(settings, emb), settings,
-                                ingest_job_name=ingest_job.name, inventory_job_name=inventory_job.name,
-                                model=emb.model_id)
+                                ingest_job_name=ingest_job.name, inventory_job_name=inventory_job.name)
 
     return source_diff_sensor
 
 
 def source_diff_tick(context: dg.SensorEvaluationContext, spec: SourceSpec, source: Source, index: Store,
-                     settings: Settings, *, ingest_job_name: str, inventory_job_name: str,
-                     model: str | None = None) -> dg.SensorResult:
+                     settings: Settings, *, ingest_job_name: str, inventory_job_name: str) -> dg.SensorResult:
     """One evaluation of the diff sensor for ``source`` (see module docstring); the sensor's whole work
     after its resources are built (benchmarks call it with a generated source)."""
     started = time.perf_counter()
     cursor = json.loads(context.cursor) if context.cursor else {}
     with index.connection() as conn:
-        diff = list_and_diff(source, conn, settings, cursor=cursor.get("feed"), count_rows=False, model=model)
+        diff = list_and_diff(source, conn, settings, cursor=cursor.get("feed"), count_rows=False)
     listed_at = time.perf_counter()
 
     prefix = f"{spec.name}:"

@@ -18,8 +18,10 @@ depends_on = None
 def upgrade() -> None:
     dim = int(context.config.attributes["embedding_dimension"])
     model = str(context.config.attributes["embedding_model"])
-    if not 0 < dim <= 2000:
-        raise ValueError(f"embedding dimension {dim} cannot be HNSW-indexed by pgvector (max 2000)")
+    # the column and its index go in 0005 (vectors per embedding generation); a larger dimension is checked
+    # there (``store.generations.storage_for``), and ``vector`` holds up to 16,000 until then
+    if not 0 < dim <= 16000:
+        raise ValueError(f"embedding dimension {dim} cannot be stored by pgvector")
     op.execute("CREATE EXTENSION IF NOT EXISTS vector")
     op.execute(
         """
@@ -105,7 +107,8 @@ def upgrade() -> None:
         )
         """
     )
-    op.execute("CREATE INDEX chunks_embedding_hnsw ON chunks USING hnsw (embedding vector_cosine_ops)")
+    if dim <= 2000:
+        op.execute("CREATE INDEX chunks_embedding_hnsw ON chunks USING hnsw (embedding vector_cosine_ops)")
     op.execute("CREATE INDEX chunks_model_text ON chunks (embedding_model, text_sha256)")
     op.execute(
         """
