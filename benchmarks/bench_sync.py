@@ -31,6 +31,49 @@ CORPUS_TEXT_FILES = [
 ]
 
 
+class Breakdown:
+    """Wall-clock seconds spent in each step of a sync (the step functions wrapped for the duration of the
+    ``with``): extraction (the worker round trip), chunking and token counting, embedding (the model calls),
+    the database writes (the swap transaction and generation fills)."""
+
+    def __init__(self, embedder) -> None:
+        self.embedder = embedder
+        self.seconds: dict[str, float] = {}
+        self._undo: list = []
+
+    def _wrap(self, owner, name: str, part: str) -> None:
+        real = getattr(owner, name)
+
+        def timed_call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - started
+
+        setattr(owner, name, timed_call)
+        self._undo.append((owner, name, real))
+
+    def __enter__(self) -> "Breakdown":
+        import rag_pipeline.extraction as extraction
+        from rag_pipeline.pipeline import steps
+        from rag_pipeline.store import write
+
+        self._wrap(extraction, "extract", "extraction")
+        self._wrap(steps, "chunk_for_embedder", "chunking + token counts")
+        self._wrap(self.embedder, "embed", "embedding (model calls)")
+        self._wrap(write, "replace_document", "database writes")
+        self._wrap(write, "add_generation_vectors", "database writes")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, real in reversed(self._undo):
+            if owner is self.embedder:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, real)
+
+
 def timed(fn):
     started = time.perf_counter()
     value = fn()
@@ -71,7 +114,8 @@ def main() -> None:
     def run(name: str, folder: Path, settings: Settings, embedder) -> None:
         store = Store.open(settings, embedding_dimension=embedder.dimension, embedding_model=embedder.model_id)
         source = LocalFolderSource(folder)
-        full_s, full = timed(lambda: sync_source(source, store, embedder, settings))
+        with Breakdown(embedder) as parts:
+            full_s, full = timed(lambda: sync_source(source, store, embedder, settings))
         noop_s, noop = timed(lambda: sync_source(source, store, embedder, settings))
         env = {**os.environ, "RAG_DATABASE_URL": settings.database_url}
         procs = [timed(lambda: subprocess.run([str(REPO / ".venv/bin/rag-pipeline"), "sync", str(folder)], env=env,
@@ -82,6 +126,10 @@ def main() -> None:
         print(f"full sync                            {full_s:8.2f} s   embedded {full.embedded}"
               f"   = {full_s / floor_s:.2f}x floor" if name == "bench-corpus" else
               f"full sync                            {full_s:8.2f} s   embedded {full.embedded}")
+        for part, seconds in parts.seconds.items():
+            print(f"  of which {part:26s} {seconds:8.2f} s   = {seconds / full_s:5.1%} of the full sync")
+        rest = full_s - sum(parts.seconds.values())
+        print(f"  of which {'the rest (listing, hashing, plan, permissions, log)':26s} {rest:8.2f} s   = {rest / full_s:5.1%}")
         print(f"no-op re-sync (in-process)           {noop_s:8.3f} s   embedded {noop.embedded}"
               f"   = {noop_s / full_s:.4f}x full")
         print(f"no-op re-sync (rag-pipeline process) {proc_s:8.2f} s   exit {proc.returncode} (best of 3; "
@@ -94,6 +142,11 @@ def main() -> None:
             print(f"one document changed                 {one_s:8.2f} s   embedded {one.embedded} chunk(s), "
                   f"{len(changed)} document(s) touched: {[d.source_id for d in changed]}"
                   f"   = {one_s / full_s:.4f}x full")
+            target.write_text(target.read_text() + "\n\nOne more paragraph, synced by a whole new process.\n")
+            proc1_s, proc1 = timed(lambda: subprocess.run([str(REPO / ".venv/bin/rag-pipeline"), "sync", str(folder)],
+                                                          env=env, capture_output=True, text=True))
+            print(f"one document changed (process)       {proc1_s:8.2f} s   exit {proc1.returncode} (imports, model "
+                  f"load, listing, one document; the in-process figure above is what a resident service pays)")
             with store.connection() as conn:
                 n = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
             print(f"chunks stored                        {n:8d}")
