@@ -221,3 +221,20 @@ def test_regressions_are_listed_in_fuzz_known():
     tests = {name: fn for name, fn in globals().items() if name.startswith("test_") and callable(fn)}
     pinned = {name for name, fn in tests.items() if any(m.name == "xfail" for m in getattr(fn, "pytestmark", []))}
     assert listed == pinned, (listed - pinned, pinned - listed)
+
+
+# --- extraction/tables.py ------------------------------------------------------------------------
+
+
+def test_declared_spans_cannot_blow_up_a_table():
+    """atheris (1 h, ``tables``) spent its slowest inputs on ``<td rowspan=1000 colspan=1000>``: spans that
+    would cover 10^8 positions are ignored (each cell once), so the grid stays small and no text is lost."""
+    from rag_pipeline.extraction.tables import MAX_EXPANDED_CELLS, expand_spans, html_table_to_grid
+
+    rows = "".join("<tr>" + "".join(f'<td rowspan="1000" colspan="1000">r{i}c{j}</td>' for j in range(100)) + "</tr>"
+                   for i in range(100))
+    grid = html_table_to_grid(f"<table>{rows}</table>")
+    assert len(grid) * len(grid[0]) <= MAX_EXPANDED_CELLS == 1_000_000
+    assert {c for row in grid for c in row if c} == {f"r{i}c{j}" for i in range(100) for j in range(100)}
+    small = expand_spans([[("a", 2, 2), ("b", 1, 1)], [("c", 1, 1)]])  # within the bound: spans expanded
+    assert small == [["a", "a", "b"], ["a", "a", "c"]]

@@ -73,10 +73,21 @@ def _row(cells: list[str]) -> str:
     return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
 
 
+MAX_EXPANDED_CELLS = 1_000_000
+"""Most grid positions ``expand_spans`` fills; a table whose declared spans would cover more (e.g. 1,000
+cells of ``colspan=1000`` over 1,000 rows: 10^9 positions) is laid out with every cell once, its spans
+ignored: no text is lost, only the repeated copies, and memory stays bounded."""
+
+
 def expand_spans(cells: Sequence[Sequence[tuple[str, int, int]]]) -> Grid:
     """Expand rows of ``(text, rowspan, colspan)`` cells (HTML/DOCX semantics) into a full grid in
     which every covered position repeats the merged cell's text. A rowspan never reaches past the last row
-    (so declared spans cannot make a grid taller than the table)."""
+    (so declared spans cannot make a grid taller than the table). Past ``MAX_EXPANDED_CELLS`` positions the
+    spans are ignored (each cell once)."""
+    covered = sum(min(max(1, rowspan), len(cells) - i) * max(1, colspan)
+                  for i, row in enumerate(cells) for _, rowspan, colspan in row)
+    if covered > MAX_EXPANDED_CELLS:
+        cells = [[(text, 1, 1) for text, _, _ in row] for row in cells]
     grid: dict[tuple[int, int], str] = {}
     width = 0
     for i, row in enumerate(cells):
