@@ -164,6 +164,20 @@ def fetch_into(source: Source, document: SourceDocument, out: BinaryIO) -> None:
         out.write(source.fetch(document))
 
 
+def copy_pieces(handle: BinaryIO, out: BinaryIO, failed: Any) -> None:
+    """Write an open file's bytes to ``out`` in pieces of ``FETCH_PIECE_BYTES`` (a streaming connector's file
+    read: the local folder, a Zotero linked file). A read's ``OSError`` becomes ``failed(error)`` (the
+    connector's own ``SourceError``); what ``out.write`` raises passes unchanged."""
+    while True:
+        try:
+            piece = handle.read(FETCH_PIECE_BYTES)
+        except OSError as err:
+            raise failed(err) from err
+        if not piece:
+            return
+        out.write(piece)
+
+
 def fetch_via(fetch_to: Any, document: SourceDocument) -> bytes:
     """``Source.fetch`` for a streaming connector: the bytes ``fetch_to(document, buffer)`` writes (for
     callers that want bytes; the pipeline streams)."""

@@ -98,7 +98,6 @@ from typing import BinaryIO
 
 from rag_pipeline.permissions.principals import EVERYONE, parse_principal
 from rag_pipeline.sources.base import (
-    FETCH_PIECE_BYTES,
     ChangeFeedUnavailable,
     ChangeSet,
     GroupMembers,
@@ -107,6 +106,7 @@ from rag_pipeline.sources.base import (
     Scope,
     SourceDocument,
     SourceError,
+    copy_pieces,
     fetch_via,
 )
 
@@ -786,19 +786,15 @@ class LocalFolderSource:
         check_id(sid)
         if not self._selected(sid):
             raise IdRefused(sid, "excluded by the source's include/exclude patterns")
+        def failed(err: OSError) -> SourceError:
+            return SourceError(f"cannot read {sid}: {err.strerror or err}")
+
         try:
             fh = os.fdopen(self._read_fd(sid), "rb")
         except OSError as err:
-            raise SourceError(f"cannot read {sid}: {err.strerror or err}") from err
+            raise failed(err) from err
         with fh:
-            while True:
-                try:
-                    piece = fh.read(FETCH_PIECE_BYTES)
-                except OSError as err:
-                    raise SourceError(f"cannot read {sid}: {err.strerror or err}") from err
-                if not piece:
-                    return
-                out.write(piece)
+            copy_pieces(fh, out, failed)
 
     # ---------------------------------------------------------------- permissions
 

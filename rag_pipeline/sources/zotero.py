@@ -114,6 +114,7 @@ from rag_pipeline.sources.base import (
     Scope,
     SourceDocument,
     SourceError,
+    copy_pieces,
     fetch_via,
 )
 from rag_pipeline.sources.http import parse_retry_after
@@ -1019,22 +1020,19 @@ class ZoteroSource:
         path, reason = self.resolver.resolve(recorded)
         if path is None:
             raise DocumentSkipped(reason or LINKED_NOT_REACHABLE)
+
+        def failed(exc: OSError) -> SourceError:
+            return SourceError(f"reading linked file {path} failed: {exc.__class__.__name__}")
+
         try:
             # O_NOFOLLOW: the resolved path has no symlink left; one swapped in since is refused
             handle = os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb")
         except FileNotFoundError:
             raise DocumentSkipped(f"{LINKED_NOT_REACHABLE}: {path} disappeared") from None
         except OSError as exc:
-            raise SourceError(f"reading linked file {path} failed: {exc.__class__.__name__}") from exc
+            raise failed(exc) from exc
         with handle:
-            while True:
-                try:
-                    piece = handle.read(FETCH_PIECE_BYTES)
-                except OSError as exc:
-                    raise SourceError(f"reading linked file {path} failed: {exc.__class__.__name__}") from exc
-                if not piece:
-                    return
-                out.write(piece)
+            copy_pieces(handle, out, failed)
 
     def _download(self, key: str, out: BinaryIO) -> None:
         """Stream ``GET <api>/<library>/items/<key>/file`` to ``out`` (see ``fetch_to``).
