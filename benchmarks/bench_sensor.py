@@ -74,15 +74,19 @@ class FakeSource:
 
 
 def populate(store: Store, source: FakeSource) -> None:
-    """One ``completed`` documents row per listed document, at the listed hash (COPY)."""
+    """One ``completed`` documents row per listed document, at the listed hash, in the active embedding
+    generation (COPY)."""
+    from rag_pipeline.store.generations import active
+
     with store.connection() as conn, conn.cursor() as cur:
+        generation = [active(conn).id]
         with cur.copy("COPY documents (source, source_id, uri, title, mime_type, source_version, seen_source_version, "
                       "content_sha256, seen_sha256, version, status, expected_chunk_count, chunk_count, modified_at, "
-                      "ingested_at) FROM STDIN") as copy:
+                      "ingested_at, generations) FROM STDIN") as copy:
             for d in source.documents:
                 copy.write_row((source.name, d.source_id, d.uri, d.title, d.mime_type, d.source_version,
                                 d.source_version, d.content_sha256, d.content_sha256, 1, "completed", 1, 1,
-                                d.modified_at, d.modified_at))
+                                d.modified_at, d.modified_at, generation))
 
 
 def best(fn, repeat: int) -> tuple[float, object]:
