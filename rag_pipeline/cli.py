@@ -406,7 +406,8 @@ def reembed(
     """Build the embedding generation of the configured model (RAG_EMBEDDING_*) from the stored chunk texts,
     beside the active one, and make it active when every current document is in it: queries keep the whole
     corpus with the old model until then (zero downtime). Resumes where a stopped run was. Exit 1 when some
-    documents failed (the generation then stays inactive)."""
+    documents failed or could not be embedded with the new model (the generation then stays inactive), 4 when
+    it cannot start (a dimension the index cannot hold, a provider that cannot be reached)."""
     from rag_pipeline.pipeline.rollout import reembed as run_reembed
 
     settings = _settings()
@@ -416,25 +417,28 @@ def reembed(
         raise _fail(f"reembed could not start: {type(exc).__name__}: {exc}") from None
     with _Progress(100) as bar:
         def progress(event: str, data: dict[str, Any]) -> None:
-            if event == "start":
+            if event != "start":
+                bar(event, data)
+            elif bar.bar is not None:
                 bar("plan", {"work": data["total"], "delete": 0, "listed": data["total"]})
             else:
-                bar(event, data)
+                console.print(f"generation {data['generation']}: {_plural(data['total'], 'document')} to embed")
 
         report = run_reembed(store, embedder, settings, activate=activate, progress=progress)
     g, p = report.generation, report.progress
     console.print(f"generation {g.id} ({escape(g.model)}, {g.dimension} dimensions, {g.storage}): "
                   f"{p.documents_done:,} of {p.documents:,} documents, {p.chunks_done:,} of {p.chunks:,} chunks; "
-                  f"{_plural(len(report.outcomes), 'document')} embedded in this run, {len(report.failed)} failed; "
+                  f"{_plural(len(report.outcomes) - len(report.failed), 'document')} embedded in this run, "
+                  f"{len(report.failed)} failed; "
                   f"{'active' if report.activated else g.state}; {report.duration_s:.1f}s")
     for o in report.failed[:20]:
-        console.print(f"  failed: {escape(o.source_id)}: {escape(o.reason or '')}")
+        console.print(f"  not embedded: {escape(o.source_id)}: {escape(o.reason or '')}")
     for d in report.dropped:
         console.print(f"dropped generation {d.id} ({escape(d.model)}): past its rollback window")
     raise typer.Exit(1 if report.failed else 0)
 
 
-generations_app = typer.Typer(help="Embedding generations: list them, or activate one (rollback).",
+generations_app = typer.Typer(help="Embedding generations: list them, activate one (rollback), drop one.",
                               invoke_without_command=True)
 app.add_typer(generations_app, name="generations")
 
@@ -477,6 +481,24 @@ def generations_activate(generation_id: Annotated[int, typer.Argument(help="the 
         except gens.GenerationError as exc:
             raise _fail(str(exc), 1) from None
     console.print(f"generation {g.id} ({escape(g.model)}) is active")
+
+
+@generations_app.command("drop")
+def generations_drop(generation_id: Annotated[int, typer.Argument(help="the generation id (see the list)")]) -> None:
+    """Drop generation ID now (not the active one): a rollout you abandon, or a rollback target before its
+    time. The configured model's generation is made again by the next sync or reembed: point RAG_EMBEDDING_*
+    back at the active model first."""
+    from rag_pipeline.store import generations as gens
+    from rag_pipeline.store.db import Store
+    from rag_pipeline.store.embedded import resolve_database_url
+
+    store = Store(resolve_database_url(_settings().database_url))
+    with store.connection() as conn:
+        try:
+            g = gens.drop(conn, generation_id)
+        except gens.GenerationError as exc:
+            raise _fail(str(exc), 1) from None
+    console.print(f"generation {g.id} ({escape(g.model)}) is dropped")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -241,3 +241,8 @@ def test_reembed_generations_and_rollback_from_the_command_line(tmp_path, databa
     assert _sql(database_url, "SELECT generation FROM retrieval_log ORDER BY id DESC LIMIT 1") == [(1,)]
     missing = cli("generations", "activate", "9")
     assert missing.returncode == 1 and "no embedding generation 9" in missing.stdout
+    refused = cli("generations", "drop", "1")  # the active one
+    assert refused.returncode == 1 and "is the active one" in refused.stdout
+    dropped = cli("generations", "drop", "2")
+    assert dropped.returncode == 0 and "generation 2" in dropped.stdout and "dropped" in dropped.stdout
+    assert _sql(database_url, "SELECT id, state FROM embedding_generations ORDER BY id") == [(1, "active"), (2, "dropped")]

@@ -254,3 +254,38 @@ def test_a_generation_never_records_the_api_key():
     assert (spec["embedding_provider"], spec["embedding_model"], spec["embedding_dimensions"]) == (
         "openai", "text-embedding-3-small", 256)
     assert "embedding_max_tokens" in spec  # only secrets are left out
+
+
+def test_a_rollout_whose_model_cannot_embed_says_so_and_can_be_dropped(tmp_path, settings, store, embedder):
+    """The new model's endpoint is down: ``reembed`` names every document it could not embed (the CLI exits 1
+    on ``failed``), nothing changes for queries or for the documents' states, a sync reports the documents as
+    unchanged with the reason instead of "re-embedded", and ``drop`` removes the abandoned generation."""
+    from rag_pipeline.embedding.base import EmbeddingError
+
+    class Down(MappedEmbedder):
+        def embed(self, texts):
+            raise EmbeddingError("down:8080 refused the connection")
+
+    root = _folder(tmp_path / "docs")
+    src = LocalFolderSource(root)
+    sync_source(src, store, embedder, settings)
+    down = Down(embedder, seed=13)
+    report = reembed(store, down, settings)
+    assert not report.activated and report.generation.state == "building"
+    assert sorted(o.source_id for o in report.failed) == sorted(TEXTS)
+    assert all("down:8080 refused the connection" in o.reason for o in report.failed)
+    with store.connection() as conn:
+        assert gens.active(conn).model == embedder.model_id
+        assert {r[0] for r in conn.execute("SELECT status FROM documents")} == {"completed"}
+        assert check_index(conn) == []
+    again = sync_source(src, store, down, settings)
+    assert {d.action.value for d in again.documents} == {"skipped-unchanged"}
+    assert all("down:8080" in (d.reason or "") for d in again.documents)
+    with store.connection() as conn:
+        with pytest.raises(gens.GenerationError, match="active one"):
+            gens.drop(conn, gens.active(conn).id)
+        dropped = gens.drop(conn, report.generation.id)
+        assert dropped.state == "dropped"
+        assert conn.execute("SELECT to_regclass(%s)", (dropped.table,)).fetchone()[0] is None
+        assert check_index(conn) == []
+    assert _ranked(store, embedder, settings, QUESTIONS[0])[0] == "bees.md"

@@ -46,10 +46,13 @@ class ReembedReport:
     activated: bool = False
     dropped: list[Generation] = field(default_factory=list)
     duration_s: float = 0.0
+    not_filled: list[DocumentOutcome] = field(default_factory=list)
+    """Documents this run tried that the generation still lacks (its embedder failed), with the reason."""
 
     @property
     def failed(self) -> list[DocumentOutcome]:
-        return [o for o in self.outcomes if o.status != "completed"]
+        """Documents that failed (their state says why) or that the generation still lacks."""
+        return [o for o in self.outcomes if o.status != "completed"] + self.not_filled
 
 
 def _lacking(conn, generation_id: int, after_id: int, limit: int, tried: set[int]) -> list[tuple[int, str, str, int | None]]:
@@ -82,6 +85,7 @@ def reembed(store: Store, embedder: Embedder, settings: Settings, *, activate: b
         before = gens.progress(conn, g)
         emit("start", total=before.documents - before.documents_done, generation=g.id)
         outcomes: list[DocumentOutcome] = []
+        not_filled: list[DocumentOutcome] = []
         tried: set[int] = set()
         after = 0
         while True:
@@ -104,6 +108,13 @@ def reembed(store: Store, embedder: Embedder, settings: Settings, *, activate: b
                         work = Work(document_from_index(i), i, Decision.REEMBED, parent_id=parent_id)
                         prepared.append(steps.stored_version(ctx, work, time.perf_counter()))
                     written = [o for _, o in steps.embed_and_write(ctx, prepared, embedder, emit=emit)]
+                    filled = {r[0] for r in conn.execute(
+                        "SELECT id FROM documents WHERE id = ANY(%s) AND %s = ANY(generations)",
+                        ([o.document_id for o in written], g.id))}
+                    for o in written:  # done only when the generation now holds the document
+                        if o.document_id not in filled and o.status == "completed":
+                            o.reason = o.reason or f"not written to embedding generation {g.id}"
+                            not_filled.append(o)
                 outcomes += written
                 for outcome in written:  # outside the locks: a callback may run a sync of the source
                     emit("document", outcome=outcome)
@@ -112,7 +123,7 @@ def reembed(store: Store, embedder: Embedder, settings: Settings, *, activate: b
             activated = gens.activate_if_complete(conn, g.model, keep_days=settings.generation_keep_days)
         g = gens.get(conn, g.id)
         return ReembedReport(g, gens.progress(conn, g), outcomes, g.state == "active" or activated is not None,
-                             dropped, time.perf_counter() - started)
+                             dropped, time.perf_counter() - started, not_filled)
 
 
 def _row(conn, document_id: int):

@@ -355,6 +355,7 @@ def embed_and_write(ctx: RunContext, batch: Sequence[Prepared], embedder: Embedd
                 return [(p, fail(ctx, p.work, p.document_id, exc, sha=p.sha, started=p.started,
                                  mime=p.extraction.mime_type, doc_type=p.extraction.doc_type)) for p in prepared]
             log.warning("embedding generation %s (%s) not written for this batch: %s", gid, target.generation.model, exc)
+            targets.skipped[gid] = f"embedding generation {gid} ({target.generation.model}) not written: {exc}"
     out = []
     for n, p in enumerate(prepared):
         chunks = p.chunks or []
@@ -368,10 +369,17 @@ def embed_and_write(ctx: RunContext, batch: Sequence[Prepared], embedder: Embedd
         try:
             if n in fill:
                 version = p.work.indexed.version
-                for gid in fill[n]:
-                    if gid in vectors:
-                        w.add_generation_vectors(ctx.conn, p.document_id, version, gid, {
-                            w.chunk_id(p.document_id, version, c.ordinal): vectors[gid][c.text] for c in chunks})
+                written = [gid for gid in fill[n] if gid in vectors]
+                for gid in written:
+                    w.add_generation_vectors(ctx.conn, p.document_id, version, gid, {
+                        w.chunk_id(p.document_id, version, c.ordinal): vectors[gid][c.text] for c in chunks})
+                if not written:  # nothing to fill could be embedded: the document is as it was, say why
+                    why = "; ".join(targets.skipped.get(gid, f"embedding generation {gid} not written")
+                                    for gid in fill[n])
+                    out.append((p, finish(ctx, DocumentOutcome(
+                        p.work.doc.source_id, p.work.doc.title, Action.UNCHANGED, "completed", why, p.document_id,
+                        version, len(chunks), duration_s=time.perf_counter() - p.started))))
+                    continue
             else:
                 rows = [w.ChunkRow(c.ordinal, c.text, c.token_count,
                                    {gid: v[c.text] for gid, v in vectors.items()}, c.pages, c.heading_path, c.metadata)

@@ -61,8 +61,8 @@ def storage_for(dimension: int) -> str:
         return "halfvec"
     raise DimensionError(
         f"embedding dimension {dimension:,} is over {MAX_HALFVEC_DIMENSION:,}, the most pgvector's HNSW index holds "
-        "(as halfvec): set RAG_EMBEDDING_DIMENSIONS to truncate the vectors (for models trained for it, e.g. "
-        "qwen3-embedding, text-embedding-3-*) or choose another model")
+        f"(as halfvec): set RAG_EMBEDDING_DIMENSIONS to {MAX_HALFVEC_DIMENSION:,} or less to truncate the vectors (for "
+        "models trained for it, e.g. qwen3-embedding, text-embedding-3-*) or choose another model")
 
 
 @dataclass(frozen=True)
@@ -333,6 +333,24 @@ def query_embedder(conn: psycopg.Connection, settings: Any, embedder: Any) -> tu
     configured one, or the active generation's own during a rollout or after a rollback)."""
     g = active(conn)
     return g, embedder_for(g, settings, embedder)
+
+
+def drop(conn: psycopg.Connection, generation_id: int) -> Generation:
+    """Drop a generation now (its table goes; the row stays as ``dropped``): one being built that is not
+    wanted any more (its model abandoned, its endpoint gone), or a rollback target before its time. Raises
+    ``GenerationError`` for the active one or an unknown id."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+        g = get(conn, generation_id)
+        if g.state == "active":
+            raise GenerationError(f"generation {g.id} ({g.model}) is the active one: activate another first")
+        if g.state == "dropped":
+            return g
+        conn.execute(f"DROP TABLE IF EXISTS {g.table}")
+        conn.execute("UPDATE embedding_generations SET state = 'dropped', drop_after = NULL WHERE id = %s", (g.id,))
+        conn.execute("UPDATE documents SET generations = array_remove(generations, %s) WHERE %s = ANY(generations)",
+                     (g.id, g.id))
+    return get(conn, generation_id)
 
 
 def to_sql_vector(g: Generation, vector: np.ndarray) -> Any:
