@@ -55,12 +55,12 @@ class ReembedReport:
         return [o for o in self.outcomes if o.status != "completed"] + self.not_filled
 
 
-def _lacking(conn, generation_id: int, after_id: int, limit: int, tried: set[int]) -> list[tuple[int, str, str, int | None]]:
+def _lacking(conn, generation_id: int, after_id: int, limit: int) -> list[tuple[int, str, str, int | None]]:
     rows = conn.execute(
         "SELECT id, source, source_id, parent_id FROM documents WHERE version > 0 AND deleted_at IS NULL "
         "AND status = 'completed' AND NOT %s = ANY(generations) AND id > %s ORDER BY id LIMIT %s",
-        (generation_id, after_id, limit + len(tried))).fetchall()
-    return [r for r in rows if r[0] not in tried][:limit]
+        (generation_id, after_id, limit)).fetchall()
+    return [tuple(r) for r in rows]
 
 
 def reembed(store: Store, embedder: Embedder, settings: Settings, *, activate: bool = True,
@@ -86,17 +86,15 @@ def reembed(store: Store, embedder: Embedder, settings: Settings, *, activate: b
         emit("start", total=before.documents - before.documents_done, generation=g.id)
         outcomes: list[DocumentOutcome] = []
         not_filled: list[DocumentOutcome] = []
-        tried: set[int] = set()
         after = 0
         while True:
-            batch = _lacking(conn, g.id, after, settings.sync_batch_documents, tried)
+            batch = _lacking(conn, g.id, after, settings.sync_batch_documents)  # ids after the last batch
             if not batch:
                 break
             after = batch[-1][0]
             by_source: dict[str, list[tuple[int, str, int | None]]] = {}
             for doc_id, source, source_id, parent_id in batch:
                 by_source.setdefault(source, []).append((doc_id, source_id, parent_id))
-                tried.add(doc_id)
             for source, docs in by_source.items():
                 ctx = RunContext(conn, source, settings, run_id)
                 with document_step(conn, source, [sid for _, sid, _ in docs]):
